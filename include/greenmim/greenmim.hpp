@@ -1,0 +1,25 @@
+//! \file greenmim.hpp
+//! Umbrella header: everything header-only that needs no Eigen and no CUDA.
+#pragma once
+
+#include "config.hpp"
+#include "status.hpp"
+#include "view.hpp"
+#include "geometry.hpp"
+#include "cost_model.hpp"
+#include "knapsack.hpp"
+#include "plan.hpp"
+#include "planner.hpp"
+#include "masking.hpp"
+#include "windows.hpp"
+#include "models.hpp"
+#include "partition_types.hpp"
+#if __has_include("partition.hpp")
+#include "partition.hpp"
+#endif
+#if __has_include("mask.hpp")
+#include "mask.hpp"
+#endif
+#if __has_include("merging.hpp")
+#include "merging.hpp"
+#endif

@@ -1,0 +1,349 @@
+// Planner: knapsack forms, strategies, bounds, bad input.
+#include <doctest/doctest.h>
+
+#include <greenmim/masking.hpp>
+#include <greenmim/models.hpp>
+#include <greenmim/planner.hpp>
+#include <greenmim/windows.hpp>
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+using namespace greenmim;
+
+namespace {
+
+std::vector<index_t> random_sizes(rng& g, int n, int maxv, double zero_prob = 0.0) {
+  std::vector<index_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = g.uniform() < zero_prob ? 0 : static_cast<index_t>(1 + g.below(static_cast<std::uint64_t>(maxv)));
+  return v;
+}
+
+// The reconstruction rule, implemented independently with brute-force reachability:
+// walk items last to first, skip an item when the running sum is reachable by a subset of the
+// items before it.
+std::vector<index_t> brute_knapsack(const std::vector<index_t>& phi, index_t g, std::int64_t& total) {
+  const int n = static_cast<int>(phi.size());
+  auto reachable = [&](int prefix, std::int64_t target) {
+    for (std::uint32_t m = 0; m < (1u << prefix); ++m) {
+      std::int64_t s = 0;
+      for (int i = 0; i < prefix; ++i)
+        if (m >> i & 1) s += phi[i];
+      if (s == target) return true;
+    }
+    return false;
+  };
+  total = 0;
+  for (std::uint32_t m = 0; m < (1u << n); ++m) {
+    std::int64_t s = 0;
+    for (int i = 0; i < n; ++i)
+      if (m >> i & 1) s += phi[i];
+    if (s <= g) total = std::max(total, s);
+  }
+  std::vector<index_t> chosen;
+  std::int64_t res = total;
+  for (int i = n; i > 0 && res > 0; --i) {
+    if (reachable(i - 1, res)) continue;
+    chosen.push_back(i - 1);
+    res -= phi[i - 1];
+  }
+  std::reverse(chosen.begin(), chosen.end());
+  return chosen;
+}
+
+// Exact optimum over all G and all partitions, by enumerating set partitions (n <= 9).
+double brute_optimum(const std::vector<index_t>& sizes, const flops_cost& cost) {
+  std::vector<index_t> w;
+  for (index_t s : sizes)
+    if (s > 0) w.push_back(s);
+  const int n = static_cast<int>(w.size());
+  std::vector<std::int64_t> sums;
+  double best = 1e300;
+  std::function<void(int)> rec = [&](int i) {
+    if (i == n) {
+      std::int64_t mx = 0;
+      for (auto s : sums) mx = std::max(mx, s);
+      best = std::min(best, cost(static_cast<index_t>(mx), static_cast<index_t>(sums.size())));
+      return;
+    }
+    for (size_t b = 0; b < sums.size(); ++b) {
+      sums[b] += w[i];
+      rec(i + 1);
+      sums[b] -= w[i];
+    }
+    sums.push_back(w[i]);
+    rec(i + 1);
+    sums.pop_back();
+  };
+  rec(0);
+  return best;
+}
+
+// The paper's Algorithm 1 written out independently (list-based, like the appendix Python).
+double paper_by_hand(const std::vector<index_t>& sizes, const flops_cost& cost, index_t& best_g) {
+  std::vector<index_t> w;
+  for (index_t s : sizes)
+    if (s > 0) w.push_back(s);
+  const index_t mx = *std::max_element(w.begin(), w.end());
+  std::int64_t S = 0;
+  for (auto x : w) S += x;
+  double best = 1e300;
+  std::vector<index_t> chosen, table;
+  for (index_t g = mx; g <= S; ++g) {
+    std::vector<index_t> rem = w;
+    index_t groups = 0;
+    while (!rem.empty()) {
+      knapsack_table(span<const index_t>(rem), g, chosen, table);
+      std::vector<index_t> next;
+      for (index_t i = 0; i < static_cast<index_t>(rem.size()); ++i)
+        if (std::find(chosen.begin(), chosen.end(), i) == chosen.end()) next.push_back(rem[i]);
+      rem.swap(next);
+      ++groups;
+    }
+    const double c = cost(g, groups);
+    if (c < best) { best = c; best_g = g; }
+  }
+  return best;
+}
+
+std::vector<std::vector<index_t>> swin_stage_sizes(int stage, int masks, std::uint64_t seed, bool shifted) {
+  const model_shape& m = *find_model("swin-b");
+  mask_config cfg;
+  std::vector<std::vector<index_t>> out;
+  for (int i = 0; i < masks; ++i) {
+    auto um = random_mask(cfg, seed, static_cast<std::uint64_t>(i));
+    std::vector<index_t> coords;
+    REQUIRE(visible_coords(span<const std::uint8_t>(um), cfg.grid(), m.grid(stage), coords) == status::success);
+    out.push_back(window_sizes(m.geometry(stage, shifted), span<const index_t>(coords)));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("knapsack: table DP equals brute force, reconstruction included (n <= 14)") {
+  rng g(1);
+  std::vector<index_t> chosen, table;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = 1 + static_cast<int>(g.below(14));
+    auto phi = random_sizes(g, n, 1 + static_cast<int>(g.below(40)), 0.1);
+    const index_t cap = static_cast<index_t>(g.below(120));
+    std::int64_t want_total = 0;
+    auto want = brute_knapsack(phi, cap, want_total);
+    const std::int64_t total = knapsack_table(span<const index_t>(phi), cap, chosen, table);
+    CHECK(total == want_total);
+    CHECK(chosen == want);
+  }
+}
+
+TEST_CASE("knapsack: bitset and table decide identically on random inputs") {
+  rng g(2);
+  std::vector<index_t> c1, c2, table;
+  std::vector<std::uint64_t> rows;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int n = static_cast<int>(g.below(70));
+    auto phi = random_sizes(g, n, 1 + static_cast<int>(g.below(200)), 0.05);
+    const index_t cap = static_cast<index_t>(g.below(400));
+    const auto t1 = knapsack_table(span<const index_t>(phi), cap, c1, table);
+    const auto t2 = knapsack_bitset(span<const index_t>(phi), cap, c2, rows);
+    REQUIRE(t1 == t2);
+    REQUIRE(c1 == c2);
+    std::int64_t s = 0;
+    for (auto i : c2) s += phi[i];
+    CHECK(s == t2);
+    CHECK(t2 <= cap);
+  }
+}
+
+TEST_CASE("paper strategy: bitset, table and an independent Algorithm 1 agree") {
+  rng g(3);
+  const flops_cost cost{64};
+  for (int trial = 0; trial < 60; ++trial) {
+    auto sizes = random_sizes(g, 1 + static_cast<int>(g.below(12)), 1 + static_cast<int>(g.below(49)), 0.2);
+    if (*std::max_element(sizes.begin(), sizes.end()) == 0) sizes[0] = 3;
+    plan a, b;
+    planner_options o;
+    o.strat = strategy::paper;
+    REQUIRE(make_plan(span<const index_t>(sizes), o, cost, a) == status::success);
+    o.table_dp = true;
+    REQUIRE(make_plan(span<const index_t>(sizes), o, cost, b) == status::success);
+    CHECK(a.group_size == b.group_size);
+    CHECK(a.windows == b.windows);
+    CHECK(a.group_offsets == b.group_offsets);
+    index_t hand_g = 0;
+    const double hand = paper_by_hand(sizes, cost, hand_g);
+    CHECK(a.cost == hand);
+    CHECK(a.group_size == hand_g);
+  }
+}
+
+TEST_CASE("every strategy yields a valid plan with cost >= lower bound; fast <= paper") {
+  rng g(4);
+  const strategy all[] = {strategy::fast, strategy::paper, strategy::per_window, strategy::single};
+  for (int trial = 0; trial < 150; ++trial) {
+    const int n = 1 + static_cast<int>(g.below(trial < 100 ? 24 : 70));
+    auto sizes = random_sizes(g, n, 1 + static_cast<int>(g.below(60)), 0.3);
+    if (*std::max_element(sizes.begin(), sizes.end()) == 0) sizes[g.below(sizes.size())] = 1;
+    const flops_cost cost{static_cast<index_t>(16 + g.below(512))};
+    double paper_cost = 0, fast_cost = 0;
+    for (strategy s : all) {
+      plan p;
+      planner_options o;
+      o.strat = s;
+      REQUIRE(make_plan(span<const index_t>(sizes), o, cost, p) == status::success);
+      CHECK(validate_plan(span<const index_t>(sizes), p) == status::success);
+      CHECK(p.cost == cost(p.group_size, p.num_groups()));
+      CHECK(p.cost >= p.lower_bound);
+      CHECK(p.lower_bound > 0);
+      if (s == strategy::paper) paper_cost = p.cost;
+      if (s == strategy::fast) fast_cost = p.cost;
+    }
+    CHECK(fast_cost <= paper_cost);
+  }
+}
+
+TEST_CASE("fast is exactly optimal over all G for few windows (brute force)") {
+  rng g(5);
+  for (int trial = 0; trial < 120; ++trial) {
+    auto sizes = random_sizes(g, 1 + static_cast<int>(g.below(9)), 1 + static_cast<int>(g.below(49)), 0.15);
+    if (*std::max_element(sizes.begin(), sizes.end()) == 0) sizes[0] = 7;
+    const flops_cost cost{static_cast<index_t>(8 + g.below(256))};
+    plan p;
+    REQUIRE(make_plan(span<const index_t>(sizes), planner_options{}, cost, p) == status::success);
+    CHECK(p.cost == doctest::Approx(brute_optimum(sizes, cost)).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("fast on Swin-B stages: never costlier than paper; exact on stages 2-3") {
+  for (bool shifted : {false, true}) {
+    for (int stage = 0; stage < 3; ++stage) {
+      const index_t C = find_model("swin-b")->channels[stage];
+      for (const auto& sizes : swin_stage_sizes(stage, 12, 11, shifted)) {
+        plan f, p;
+        planner_options o;
+        REQUIRE(make_plan(span<const index_t>(sizes), o, flops_cost{C}, f) == status::success);
+        o.strat = strategy::paper;
+        REQUIRE(make_plan(span<const index_t>(sizes), o, flops_cost{C}, p) == status::success);
+        CHECK(f.cost <= p.cost);
+        CHECK(validate_plan(span<const index_t>(sizes), f) == status::success);
+        if (stage == 2) CHECK(f.cost == doctest::Approx(brute_optimum(sizes, flops_cost{C})));
+      }
+    }
+  }
+}
+
+TEST_CASE("fixed group size: capped at sum w, and near the optimal group count on perfect instances") {
+  rng g(6);
+  // Perfect instances: k groups of exactly G cut into random pieces; optimum = k groups.
+  double total_k = 0, total_found = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const index_t G = static_cast<index_t>(20 + g.below(60));
+    const int k = 1 + static_cast<int>(g.below(20));
+    std::vector<index_t> sizes;
+    for (int b = 0; b < k; ++b) {
+      index_t left = G;
+      while (left > 0) {
+        index_t piece = static_cast<index_t>(1 + g.below(static_cast<std::uint64_t>(std::min<index_t>(left, G))));
+        sizes.push_back(piece);
+        left -= piece;
+      }
+    }
+    for (size_t i = sizes.size(); i > 1; --i) std::swap(sizes[i - 1], sizes[g.below(i)]);
+    plan p;
+    planner_options o;
+    o.group_size = G;
+    REQUIRE(make_plan(span<const index_t>(sizes), o, flops_cost{128}, p) == status::success);
+    CHECK(p.group_size == G);
+    CHECK(validate_plan(span<const index_t>(sizes), p) == status::success);
+    CHECK(p.num_groups() >= k);
+    total_k += k;
+    total_found += p.num_groups();
+  }
+  MESSAGE("perfect instances: optimal groups " << total_k << ", fast found " << total_found);
+  CHECK(total_found <= 1.01 * total_k);
+
+  const std::vector<index_t> small = {3, 4, 5};
+  plan p;
+  planner_options o;
+  o.group_size = 49;  // the paper's p x p row, capped at sum w = 12
+  REQUIRE(make_plan(span<const index_t>(small), o, flops_cost{128}, p) == status::success);
+  CHECK(p.group_size == 12);
+  CHECK(p.num_groups() == 1);
+  o.strat = strategy::paper;
+  REQUIRE(make_plan(span<const index_t>(small), o, flops_cost{128}, p) == status::success);
+  CHECK(p.group_size == 12);
+}
+
+TEST_CASE("zero-size windows are in no group and keep the others' order") {
+  const std::vector<index_t> sizes = {12, 30, 0, 7, 0, 0, 49};
+  for (strategy s : {strategy::fast, strategy::paper, strategy::per_window, strategy::single}) {
+    plan p;
+    planner_options o;
+    o.strat = s;
+    REQUIRE(make_plan(span<const index_t>(sizes), o, flops_cost{128}, p) == status::success);
+    for (index_t w : p.windows) CHECK(sizes[w] > 0);
+    CHECK(p.windows.size() == 4);
+  }
+}
+
+TEST_CASE("bad input is refused with a status and leaves the plan untouched") {
+  plan p;
+  p.group_size = 1234;
+  auto expect = [&](std::vector<index_t> sizes, planner_options o, status want) {
+    CHECK(make_plan(span<const index_t>(sizes), o, flops_cost{128}, p) == want);
+    CHECK(p.group_size == 1234);
+  };
+  planner_options o;
+  expect({}, o, status::empty_input);
+  expect({0, 0, 0}, o, status::empty_input);
+  expect({3, -1, 4}, o, status::invalid_argument);
+  expect({3, 1 << 21}, o, status::overflow);
+  planner_options fixed;
+  fixed.group_size = 10;
+  expect({3, 11, 4}, fixed, status::size_exceeds_group);
+  fixed.strat = strategy::paper;
+  expect({3, 11, 4}, fixed, status::size_exceeds_group);
+  fixed.strat = strategy::per_window;
+  expect({3, 4}, fixed, status::invalid_argument);
+  planner_options neg;
+  neg.group_size = -5;
+  expect({3, 4}, neg, status::invalid_argument);
+  // A sweep that would take hours is refused instead of hanging.
+  planner_options paper;
+  paper.strat = strategy::paper;
+  expect(std::vector<index_t>(20000, 1000), paper, status::invalid_argument);
+}
+
+TEST_CASE("validate_plan catches broken plans") {
+  const std::vector<index_t> sizes = {5, 6, 0, 7};
+  plan p;
+  REQUIRE(make_plan(span<const index_t>(sizes), planner_options{}, flops_cost{32}, p) == status::success);
+  REQUIRE(validate_plan(span<const index_t>(sizes), p) == status::success);
+  plan dup = p;
+  dup.windows[0] = dup.windows.size() > 1 ? dup.windows[1] : 2;
+  CHECK(validate_plan(span<const index_t>(sizes), dup) != status::success);
+  plan big = p;
+  big.group_size = 1;
+  CHECK(validate_plan(span<const index_t>(sizes), big) == status::size_exceeds_group);
+  plan oob = p;
+  oob.windows[0] = 17;
+  CHECK(validate_plan(span<const index_t>(sizes), oob) == status::out_of_range);
+  plan empty_w = p;
+  empty_w.windows[0] = 2;  // the zero-size window
+  CHECK(validate_plan(span<const index_t>(sizes), empty_w) != status::success);
+}
+
+TEST_CASE("a reused planner gives the same plans as one-shot planning") {
+  rng g(8);
+  planner<flops_cost> reused(flops_cost{128});
+  for (int trial = 0; trial < 50; ++trial) {
+    auto sizes = random_sizes(g, 1 + static_cast<int>(g.below(64)), 49, 0.3);
+    if (*std::max_element(sizes.begin(), sizes.end()) == 0) sizes[0] = 1;
+    plan a, b;
+    REQUIRE(reused.run(span<const index_t>(sizes), planner_options{}, a) == status::success);
+    REQUIRE(make_plan(span<const index_t>(sizes), planner_options{}, flops_cost{128}, b) == status::success);
+    CHECK(a.windows == b.windows);
+    CHECK(a.cost == b.cost);
+  }
+}
