@@ -347,3 +347,28 @@ TEST_CASE("a reused planner gives the same plans as one-shot planning") {
     CHECK(a.cost == b.cost);
   }
 }
+
+TEST_CASE("per-sample batches: valid plans within 0.2% of the lower bound on Swin-B stage 1") {
+  const model_shape& m = *find_model("swin-b");
+  mask_config cfg;
+  planner<flops_cost> pl(flops_cost{m.channels[0]});
+  double cost = 0, bound = 0;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<index_t> all;
+    for (int b = 0; b < 96; ++b) {  // every sample its own mask
+      const auto um = random_mask(cfg, 100 + r, static_cast<std::uint64_t>(b));
+      std::vector<index_t> coords;
+      REQUIRE(visible_coords(span<const std::uint8_t>(um), cfg.grid(), m.grid(0), coords) == status::success);
+      const auto s = window_sizes(m.geometry(0, r == 1), span<const index_t>(coords));
+      all.insert(all.end(), s.begin(), s.end());
+    }
+    plan p;
+    REQUIRE(pl.run(span<const index_t>(all), planner_options{}, p) == status::success);
+    CHECK(validate_plan(span<const index_t>(all), p) == status::success);
+    CHECK(p.cost >= p.lower_bound);
+    cost += p.cost;
+    bound += p.lower_bound;
+  }
+  MESSAGE("per-sample gap " << 100 * (cost - bound) / bound << "%");
+  CHECK(cost <= 1.002 * bound);
+}

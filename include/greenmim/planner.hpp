@@ -8,9 +8,10 @@
 //!  - `paper`: Algorithm 1 exactly: G from max w_i to sum w_i, the appendix DP repeated on the
 //!    remaining windows in input order, least cost, the first (smallest) G on ties.
 //!  - `fast` (default): a best-first sweep over G ordered by a lower bound, pruned as soon as
-//!    the bound reaches the incumbent; per G the best of several packers (subset-sum DP on
-//!    decreasing sizes, best-fit decreasing on the size histogram, the paper's DP in input order,
-//!    and an exact multiset DP when there are <= 16 windows). Never costlier than `paper`
+//!    the bound reaches the incumbent; per G the best of several packers (subset-sum DP on the
+//!    size histogram, largest sizes first; best-fit decreasing on the histogram; the paper's DP in
+//!    input order; and exact search when there are <= 16 windows), stopping at the first packer
+//!    that meets the bound. Never costlier than `paper`
 //!    (for <= `paper_dp_max_windows` windows), exact over all G for <= 16 windows.
 //!  - `per_window`: one window per group, G = max w_i. `single`: one group, G = sum w_i.
 //! `planner_options::group_size` fixes G for `paper` and `fast` (capped at sum w_i).
@@ -268,6 +269,78 @@ class planner {
     bucket_head_[fill] = b;
   }
 
+  //! Subset-sum DP on the size histogram ("DP on decreasing sizes" for large n): each group is
+  //! the largest fill <= g reachable with the remaining counts, reconstructed preferring larger
+  //! sizes, and each pattern found is applied as many times as the counts allow. O(phases * d * g).
+  //! Returns the number of groups; materializes them into `out` when it is not null.
+  index_t histogram_dp(index_t g, detail::packing* out) {
+    const size_t m = distinct_.size();
+    const size_t cols = static_cast<size_t>(g) + 1;
+    hd_cnt_.resize(m);
+    hd_take_.resize(m);
+    hd_next_.assign(m, 0);
+    std::int64_t left = 0;
+    for (size_t j = 0; j < m; ++j) {  // j = 0 is the largest size
+      const index_t v = distinct_[m - 1 - j];
+      hd_cnt_[j] = static_cast<index_t>(cnt_le(v) - cnt_le(v - 1));
+      left += hd_cnt_[j];
+    }
+    hd_reach_.assign((m + 1) * cols, 0);
+    hd_used_.resize(cols);
+    if (out) out->clear();
+    index_t groups = 0;
+    const std::int64_t n = n_items();
+    while (left > 0) {
+      std::uint8_t* r0 = hd_reach_.data();
+      std::fill(r0, r0 + cols, 0);
+      r0[0] = 1;
+      for (size_t j = 0; j < m; ++j) {
+        const index_t v = distinct_[m - 1 - j], c = hd_cnt_[j];
+        const std::uint8_t* prev = r0 + j * cols;
+        std::uint8_t* cur = r0 + (j + 1) * cols;
+        for (size_t x = 0; x < cols; ++x) {
+          if (prev[x]) {
+            cur[x] = 1;
+            hd_used_[x] = 0;
+          } else if (x >= static_cast<size_t>(v) && cur[x - v] && hd_used_[x - v] < c) {
+            cur[x] = 1;
+            hd_used_[x] = hd_used_[x - v] + 1;
+          } else {
+            cur[x] = 0;
+          }
+        }
+      }
+      std::int64_t res = static_cast<std::int64_t>(cols) - 1;
+      while (!r0[m * cols + static_cast<size_t>(res)]) --res;
+      const index_t fill = static_cast<index_t>(res);
+      std::int64_t reps = std::numeric_limits<std::int64_t>::max();
+      for (size_t j = m; j-- > 0;) {  // smallest size first: take the fewest copies possible
+        const index_t v = distinct_[m - 1 - j];
+        index_t t = 0;
+        while (!r0[j * cols + static_cast<size_t>(res - static_cast<std::int64_t>(t) * v)]) ++t;
+        hd_take_[j] = t;
+        res -= static_cast<std::int64_t>(t) * v;
+        if (t) reps = std::min<std::int64_t>(reps, hd_cnt_[j] / t);
+      }
+      for (std::int64_t r = 0; r < reps; ++r) {
+        if (out) {
+          for (size_t j = 0; j < m; ++j) {
+            const index_t v = distinct_[m - 1 - j];
+            for (index_t t = 0; t < hd_take_[j]; ++t)
+              out->members.push_back(by_size_[static_cast<size_t>(n - cnt_le(v) + hd_next_[j]++)]);
+          }
+          out->close_group(fill);
+        }
+      }
+      for (size_t j = 0; j < m; ++j) {
+        hd_cnt_[j] -= static_cast<index_t>(reps * hd_take_[j]);
+        left -= reps * hd_take_[j];
+      }
+      groups += static_cast<index_t>(reps);
+    }
+    return groups;
+  }
+
   //! Exact minimum number of bins by a DP over the multiset of sizes (lexicographically least
   //! (bins, last fill) over all insertion orders). States: prod(count_v + 1) <= 2^n.
   void exact_packing(index_t g, detail::packing& out) {
@@ -412,35 +485,94 @@ class planner {
 
   //! Best packing at capacity g among our packers; `cur_` receives it. Stops early once a packer
   //! meets the bin lower bound.
-  //! Returns true when the count in `cur_` is the exact minimum for g.
-  bool pack_fast(index_t g, const planner_options& opt, index_t lbb) {
-    const bool exact = n_items() <= opt.exact_max_windows && exact_states() <= (std::int64_t{1} << 16);
-    best_fit_decreasing(g, cur_);
-    if (cur_.count() <= lbb) return true;
-    if (n_items() <= 4096) {
-      repeated_knapsack<false>(by_size_, g, alt_);
-      if (alt_.count() < cur_.count()) std::swap(cur_, alt_);
-      if (cur_.count() <= lbb) return true;
+  //! Best packing at capacity g among our packers, into `cur_` (count in `cur_count_`). Large
+  //! inputs (`lazy`) are only counted here (`cur_lazy_` names the packer to materialize later:
+  //! the sweep needs counts, only the winner needs groups). Stops as soon as a packer meets
+  //! `lbb`. Returns true when the count is provably the minimum for g.
+  bool pack_fast(index_t g, const planner_options& opt, index_t lbb, bool lazy) {
+    if (lazy) {  // thousands of windows: histogram packers only, O(d * g) per pass
+      cur_count_ = bfd_count(g);
+      cur_lazy_ = lazy_bfd;
+      if (cur_count_ <= lbb) return true;
+      const index_t h = histogram_dp(g, nullptr);
+      if (h < cur_count_) {
+        cur_count_ = h;
+        cur_lazy_ = lazy_hdp;
+      }
+      return cur_count_ <= lbb;
     }
-    if (exact) {  // exact search dominates every other packer, the paper's DP included
-      for (index_t k = lbb; k < cur_.count(); ++k) {
+    cur_lazy_ = lazy_none;
+    repeated_knapsack<false>(by_size_, g, cur_);  // the paper's DP on decreasing sizes
+    cur_count_ = cur_.count();
+    if (cur_count_ <= lbb) return true;
+    auto take_alt = [&] {
+      if (alt_.count() < cur_count_) {
+        std::swap(cur_, alt_);
+        cur_count_ = cur_.count();
+      }
+    };
+    best_fit_decreasing(g, alt_);
+    take_alt();
+    if (cur_count_ <= lbb) return true;
+    if (n_items() <= opt.exact_max_windows && exact_states() <= (std::int64_t{1} << 16)) {
+      // exact search dominates every other packer, the paper's DP included
+      for (index_t k = lbb; k < cur_count_; ++k) {
         const int r = fits_in(g, k, alt_);
-        if (r == 1) { std::swap(cur_, alt_); return true; }
+        if (r == 1) { take_alt(); return true; }
         if (r < 0) {  // search budget exhausted: the multiset DP decides, in bounded time
           exact_packing(g, alt_);
-          if (alt_.count() < cur_.count()) std::swap(cur_, alt_);
+          take_alt();
           return true;
         }
       }
       return true;  // no k below the heuristic count fits: it is optimal
     }
+    histogram_dp(g, &alt_);
+    take_alt();
+    if (cur_count_ <= lbb) return true;
     if (n_items() <= opt.paper_dp_max_windows) {
       identity_.resize(items_.size());
       std::iota(identity_.begin(), identity_.end(), 0);
       repeated_knapsack<false>(identity_, g, alt_);
-      if (alt_.count() < cur_.count()) std::swap(cur_, alt_);
+      take_alt();
     }
-    return cur_.count() <= lbb;
+    return cur_count_ <= lbb;
+  }
+
+  //! Group count of `best_fit_decreasing` without forming the groups: bins are counted per fill
+  //! level. O(d * g).
+  index_t bfd_count(index_t g) {
+    bc_.assign(static_cast<size_t>(g) + 1, 0);
+    std::int64_t bins = 0;
+    for (size_t j = distinct_.size(); j-- > 0;) {  // decreasing sizes
+      const index_t w = distinct_[j];
+      std::int64_t c = cnt_le(w) - cnt_le(w - 1);
+      for (std::int64_t f = g - w; f >= 1 && c > 0; --f) {
+        if (!bc_[f]) continue;
+        const std::int64_t q = (g - f) / w;  // copies a bin at fill f takes
+        const std::int64_t full = std::min<std::int64_t>(bc_[f], c / q);
+        bc_[f] -= full;
+        bc_[f + q * w] += full;
+        c -= full * q;
+        if (c > 0 && c < q && bc_[f] > 0) {  // the last, partly filled bin
+          --bc_[f];
+          ++bc_[f + c * w];
+          c = 0;
+        }
+      }
+      if (c > 0) {  // new bins
+        const std::int64_t q = g / w;
+        const std::int64_t full = c / q;
+        bc_[q * w] += full;
+        bins += full;
+        c -= full * q;
+        if (c > 0) {
+          ++bc_[c * w];
+          ++bins;
+        }
+      }
+    }
+    return static_cast<index_t>(bins);
   }
 
   struct candidate {
@@ -453,7 +585,7 @@ class planner {
   status run_fast(const planner_options& opt) {
     if (opt.group_size > 0) {
       best_g_ = static_cast<index_t>(std::min<std::int64_t>(opt.group_size, total_));
-      pack_fast(best_g_, opt, bins_lower_bound(best_g_));
+      pack_fast(best_g_, opt, bins_lower_bound(best_g_), false);
       std::swap(best_, cur_);
       best_cost_ = cost_(best_g_, best_.count());
       return status::success;
@@ -483,6 +615,8 @@ class planner {
     best_cost_ = std::numeric_limits<double>::infinity();
     best_g_ = 0;
     exact_counts_.clear();
+    best_lazy_ = lazy_none;
+    const bool lazy = n_items() > 1024;
     while (!cands_.empty()) {
       std::pop_heap(cands_.begin(), cands_.end(), worse);
       const candidate c = cands_.back();
@@ -502,11 +636,12 @@ class planner {
           continue;
         }
       }
-      if (pack_fast(c.g, opt, bins)) exact_counts_.emplace_back(c.g, cur_.count());
-      const double cost = cost_(c.g, cur_.count());
+      if (pack_fast(c.g, opt, bins, lazy)) exact_counts_.emplace_back(c.g, cur_count_);
+      const double cost = cost_(c.g, cur_count_);
       if (cost < best_cost_ || (cost == best_cost_ && c.g < best_g_)) {
         best_cost_ = cost;
         best_g_ = c.g;
+        best_lazy_ = cur_lazy_;
         std::swap(best_, cur_);
       }
       if (c.g < c.last) {  // next G of the range
@@ -515,6 +650,8 @@ class planner {
         std::push_heap(cands_.begin(), cands_.end(), worse);
       }
     }
+    if (best_lazy_ == lazy_hdp) histogram_dp(best_g_, &best_);
+    if (best_lazy_ == lazy_bfd) best_fit_decreasing(best_g_, best_);
     have_lower_bound_ = true;
     return status::success;
   }
@@ -581,11 +718,16 @@ class planner {
   std::vector<index_t> ex_radix_, ex_cnt_, ex_digit_, ex_next_, ex_seq_;
   std::vector<index_t> ex_bins_, ex_fill_, ex_choice_;
   std::vector<index_t> dfs_fill_, dfs_bin_;
+  std::vector<index_t> hd_cnt_, hd_take_, hd_next_, hd_used_;
+  std::vector<std::uint8_t> hd_reach_;
   // sweep state
   std::vector<candidate> cands_;
   std::vector<std::pair<index_t, index_t>> exact_counts_;  // (G, exact minimum groups at G)
   detail::packing best_, cur_, alt_;
-  index_t best_g_ = 0;
+  index_t best_g_ = 0, cur_count_ = 0;
+  enum lazy_packer { lazy_none, lazy_bfd, lazy_hdp };
+  lazy_packer cur_lazy_ = lazy_none, best_lazy_ = lazy_none;
+  std::vector<std::int64_t> bc_;
   double best_cost_ = 0;
   double lower_bound_ = 0;
   bool have_lower_bound_ = false;
