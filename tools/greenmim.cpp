@@ -169,7 +169,7 @@ int cmd_simulate(int argc, char** argv) {
     out << "greenmim simulate: " << m->name << ", image " << m->image_size << ", window " << m->window
         << ", shift " << shift << ", ratio " << cfg.ratio << ", " << masks << " masks, seed " << seed << "\n"
         << "cost of one attention module, one image, mean over masks, in MFLOPs"
-        << (model_name == "swin-b" && shift == 0 && m->window == 7 && cfg.ratio == 0.75 ? "; (paper) = the paper's appendix table" : "")
+        << (!per_sample && model_name == "swin-b" && shift == 0 && m->window == 7 && cfg.ratio == 0.75 ? "; (paper) = the paper's appendix table" : "")
         << "\n\n";
   }
   for (int stage = 0; stage < 3; ++stage) {

@@ -12,7 +12,7 @@
 //!    size histogram, largest sizes first; best-fit decreasing on the histogram; the paper's DP in
 //!    input order; and exact search when there are <= 16 windows), stopping at the first packer
 //!    that meets the bound. Never costlier than `paper`
-//!    (for <= `paper_dp_max_windows` windows), exact over all G for <= 16 windows.
+//!    (for <= `paper_dp_max_windows` = 256 windows), exact over all G for <= 16 windows.
 //!  - `per_window`: one window per group, G = max w_i. `single`: one group, G = sum w_i.
 //! `planner_options::group_size` fixes G for `paper` and `fast` (capped at sum w_i).
 //! Cost models: see cost_model.hpp (nondecreasing in G and in the number of groups).
@@ -40,7 +40,7 @@ struct planner_options {
   index_t group_size = 0;           //!< > 0 fixes G (paper and fast only); 0 sweeps G
   bool table_dp = false;            //!< paper: use the literal table DP instead of the bitset form
   index_t exact_max_windows = 16;   //!< fast: exact bin packing per G up to this many windows
-  index_t paper_dp_max_windows = 1024;  //!< fast: also run the paper's DP per G up to this many windows
+  index_t paper_dp_max_windows = 256;  //!< fast: also run the paper's DP per G up to this many windows
 };
 
 //! Largest window size and largest total the planner accepts (a sweep is O(sum w)).
@@ -616,7 +616,7 @@ class planner {
     best_g_ = 0;
     exact_counts_.clear();
     best_lazy_ = lazy_none;
-    const bool lazy = n_items() > 1024;
+    const bool lazy = n_items() > opt.paper_dp_max_windows;
     while (!cands_.empty()) {
       std::pop_heap(cands_.begin(), cands_.end(), worse);
       const candidate c = cands_.back();
