@@ -68,4 +68,21 @@ GREENMIM_HOST_DEVICE constexpr index_t pack_coord(index_t h, index_t w) { return
 GREENMIM_HOST_DEVICE constexpr index_t coord_h(index_t packed) { return packed >> 16; }
 GREENMIM_HOST_DEVICE constexpr index_t coord_w(index_t packed) { return packed & 0xFFFF; }
 
+//! Relative-position index of the slot pair (q, k) of one group from the per-slot window ids and
+//! packed coordinates (`slot_window`, `slot_coord` of partition_types.hpp): `rel_pos_index` when
+//! `attends(window_q, window_k)`, else `pad_index` (-1): pairs across windows or on padding have
+//! no bucket (the additive mask removes them; the dense bias stores 0 there, as released).
+GREENMIM_HOST_DEVICE constexpr index_t slot_rel_pos_index(index_t window_q, index_t window_k,
+                                                          index_t coord_q, index_t coord_k, index_t p) {
+  return attends(window_q, window_k)
+             ? rel_pos_index(coord_h(coord_q), coord_w(coord_q), coord_h(coord_k), coord_w(coord_k), p)
+             : pad_index;
+}
+
+//! Swin's patch-merging concatenation order: part k in {0, 1, 2, 3} of the 2x2 block of output
+//! token (h, w) is the input token (2h + merge_dh(k), 2w + merge_dw(k)), i.e. (0,0), (1,0), (0,1),
+//! (1,1) (x0, x1, x2, x3 of `PatchMerging`).
+GREENMIM_HOST_DEVICE constexpr index_t merge_dh(index_t k) { return k & 1; }
+GREENMIM_HOST_DEVICE constexpr index_t merge_dw(index_t k) { return k >> 1; }
+
 }  // namespace greenmim

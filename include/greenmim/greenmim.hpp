@@ -14,12 +14,6 @@
 #include "windows.hpp"
 #include "models.hpp"
 #include "partition_types.hpp"
-#if __has_include("partition.hpp")
 #include "partition.hpp"
-#endif
-#if __has_include("mask.hpp")
 #include "mask.hpp"
-#endif
-#if __has_include("merging.hpp")
 #include "merging.hpp"
-#endif
