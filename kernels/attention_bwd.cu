@@ -1,0 +1,233 @@
+//! \file attention_bwd.cu
+//! Backward entry points of group window attention (C ABI) and the instantiations of the
+//! backward kernels ({fp32, fp16, bf16} x head_dim {32, 64}) and of the d(bias) reduction.
+//!
+//! Launch sequence (one stream, no host synchronization):
+//!   1. attention_bwd_dq_simt   delta = rowsum(dO*O) -> workspace, dq, per-CTA d(bias) partials
+//!   2. attention_bwd_dkdv_simt dk, dv (reads delta)
+//!   3. dbias_reduce            d_bias_table += fixed-order sum of the partials (if requested)
+#include <greenmim/kernels.h>
+
+#include "detail/attention_checks.hpp"
+#include "detail/attention_simt.cuh"
+
+namespace greenmim {
+namespace detail {
+namespace cuda {
+namespace {
+
+// =================================================================================================
+// d(bias) reduction: dbias[r, h] += sum over CTAs c (in increasing order of c, in 32 fixed
+// strided slices, each with 4 fixed sub-accumulators, combined in a fixed order) of
+// partial[c][h][r]. Block (32 buckets, 32 slices); grid (ceil(rows/32), heads).
+// =================================================================================================
+__global__ void __launch_bounds__(1024) dbias_reduce(const float* __restrict__ partial, std::int64_t count,
+                                                     int heads, int rows, table2f dbias) {
+  __shared__ float red[32][33];
+  const int r = blockIdx.x * 32 + threadIdx.x;
+  const int h = blockIdx.y;
+  float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+  if (r < rows) {
+    const float* src = partial + static_cast<std::int64_t>(h) * rows + r;
+    const std::int64_t step = static_cast<std::int64_t>(heads) * rows;
+    std::int64_t c = threadIdx.y;
+    for (; c + 96 < count; c += 128) {
+      a0 += src[c * step];
+      a1 += src[(c + 32) * step];
+      a2 += src[(c + 64) * step];
+      a3 += src[(c + 96) * step];
+    }
+    for (; c < count; c += 32) a0 += src[c * step];
+  }
+  red[threadIdx.y][threadIdx.x] = (a0 + a1) + (a2 + a3);
+  __syncthreads();
+  if (threadIdx.y == 0 && r < rows) {
+    float sum = 0.f;
+    for (int y = 0; y < 32; ++y) sum += red[y][threadIdx.x];
+    dbias.data[r * dbias.s0 + h * dbias.s1] += sum;
+  }
+}
+
+constexpr std::size_t ws_align = 256;
+//! Dynamic shared memory the backward may ask for: fits the opt-in limit of sm_80 (163 KB) and
+//! sm_90 (227 KB).
+constexpr std::size_t max_smem_bytes = 160u * 1024u;
+inline std::size_t align_up(std::size_t n) { return (n + ws_align - 1) / ws_align * ws_align; }
+
+struct bwd_layout {
+  std::size_t delta_bytes = 0;    // [B][heads][slots] float
+  std::size_t partial_bytes = 0;  // [B * n_g * q_tiles][heads][rows] float
+  std::int64_t partial_count = 0; // B * n_g * q_tiles
+  std::size_t total() const { return align_up(delta_bytes) + align_up(partial_bytes); }
+};
+
+cudaError_t check_bwd(const gm_attention_bwd_args* a, attn_dims& d, bwd_layout& ws) {
+  clear_refusal();
+  GM_REFUSE_IF(a == nullptr, "args is null");
+  GM_TRY(check_attention_core(a->dtype, a->q, a->bias_table, a->part, a->window, a->scale, a->algo, d));
+  GM_TRY(check_like_q(a->k, d, a->dtype, false, "k: shape must equal q's; null, misaligned or non-unit last stride"));
+  GM_TRY(check_like_q(a->v, d, a->dtype, false, "v: shape must equal q's; null, misaligned or non-unit last stride"));
+  GM_TRY(check_like_q(a->o, d, a->dtype, false, "o: shape must equal q's; null, misaligned or non-unit last stride"));
+  GM_TRY(check_like_q(a->d_o, d, a->dtype, false, "d_o: shape must equal q's; null, misaligned or non-unit last stride"));
+  GM_TRY(check_like_q(a->dq, d, a->dtype, true, "dq: shape must equal q's; null, misaligned, non-unit last stride or self-overlapping"));
+  GM_TRY(check_like_q(a->dk, d, a->dtype, true, "dk: shape must equal q's; null, misaligned, non-unit last stride or self-overlapping"));
+  GM_TRY(check_like_q(a->dv, d, a->dtype, true, "dv: shape must equal q's; null, misaligned, non-unit last stride or self-overlapping"));
+  GM_REFUSE_IF(a->lse.data == nullptr && d.B * d.N * d.H > 0, "lse is required by the backward");
+  GM_TRY(check_lse(a->lse, d, false, "lse must be float32 [B, N, heads] with non-negative strides"));
+  const bool want_dbias = a->d_bias_table.data != nullptr;
+  if (want_dbias) {
+    GM_REFUSE_IF(!d.with_bias, "d_bias_table needs a bias_table");
+    const std::int64_t ext[2] = {a->bias_table.extent[0], a->bias_table.extent[1]};
+    GM_TRY(check_tensor(a->d_bias_table, 2, ext, sizeof(float), false, true,
+                        "d_bias_table must be float32 of the bias table's shape, not self-overlapping"));
+  }
+  const std::size_t es = dtype_bytes(a->dtype);
+  const gm_tensor* ins[5] = {&a->q, &a->k, &a->v, &a->o, &a->d_o};
+  const gm_tensor* outs[3] = {&a->dq, &a->dk, &a->dv};
+  for (const gm_tensor* out : outs) {
+    for (const gm_tensor* in : ins) GM_REFUSE_IF(overlap(*out, es, *in, es), "an output (dq, dk, dv) overlaps an input");
+    GM_REFUSE_IF(overlap(*out, es, a->lse, 4), "an output (dq, dk, dv) overlaps lse");
+    if (d.with_bias) GM_REFUSE_IF(overlap(*out, es, a->bias_table, 4), "an output overlaps the bias table");
+    if (want_dbias) GM_REFUSE_IF(overlap(*out, es, a->d_bias_table, 4), "an output overlaps d_bias_table");
+  }
+  if (want_dbias) {
+    for (const gm_tensor* in : ins) GM_REFUSE_IF(overlap(a->d_bias_table, 4, *in, es), "d_bias_table overlaps an input");
+    GM_REFUSE_IF(overlap(a->d_bias_table, 4, a->lse, 4), "d_bias_table overlaps lse");
+    GM_REFUSE_IF(overlap(a->d_bias_table, 4, a->bias_table, 4), "d_bias_table overlaps the bias table");
+  }
+  // shared memory of the dq kernel: one float row of the table per warp when dbias is wanted
+  if (want_dbias) {
+    const std::size_t smem = d.D == 32 ? simt_smem<32>::bwd_dq(a->part.group_size, d.bias_rows)
+                                       : simt_smem<64>::bwd_dq(a->part.group_size, d.bias_rows);
+    GM_REFUSE_IF(smem > max_smem_bytes, "window too large for d_bias_table at this head_dim (shared memory)");
+  }
+  // workspace
+  const std::int64_t slots = static_cast<std::int64_t>(a->part.group_size) * a->part.num_groups;
+  ws.delta_bytes = static_cast<std::size_t>(d.B * d.H * slots) * sizeof(float);
+  ws.partial_count = want_dbias ? d.B * a->part.num_groups * d.q_tiles : 0;
+  ws.partial_bytes = static_cast<std::size_t>(ws.partial_count * d.H * d.bias_rows) * sizeof(float);
+  return cudaSuccess;
+}
+
+//! Raises the dynamic shared-memory limit of `kernel` when `bytes` exceeds the default 48 KB.
+template <class K>
+cudaError_t allow_smem(K kernel, std::size_t bytes) {
+  if (bytes <= 48u * 1024u) return cudaSuccess;
+  int dev = 0, optin = 0;
+  GM_TRY(cudaGetDevice(&dev));
+  GM_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  GM_REFUSE_IF(bytes > static_cast<std::size_t>(optin),
+               "shared memory of the backward exceeds the device limit (window too large for d_bias_table)");
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+}
+
+template <class T, int D>
+cudaError_t run_bwd(const gm_attention_bwd_args& a, const attn_dims& d, const bwd_layout& ws, void* workspace,
+                    cudaStream_t stream) {
+  bwd_params<T> p;
+  p.q = to_rows<const T>(a.q);
+  p.k = to_rows<const T>(a.k);
+  p.v = to_rows<const T>(a.v);
+  p.o = to_rows<const T>(a.o);
+  p.d_o = to_rows<const T>(a.d_o);
+  p.dq = to_rows<T>(a.dq);
+  p.dk = to_rows<T>(a.dk);
+  p.dv = to_rows<T>(a.dv);
+  p.lse = to_rows3(a.lse);
+  p.bias = to_table(a.bias_table, d.bias_rows);
+  p.part = to_view(a.part);
+  p.batch = static_cast<int>(d.B);
+  p.heads = static_cast<int>(d.H);
+  p.window = a.window > 0 ? a.window : 1;
+  p.scale = d.scale;
+  p.q_tiles = d.q_tiles;
+  const std::size_t es = sizeof(T);
+  const gm_tensor* all[8] = {&a.q, &a.k, &a.v, &a.o, &a.d_o, &a.dq, &a.dk, &a.dv};
+  p.vec = true;
+  for (const gm_tensor* t : all) p.vec = p.vec && rows_aligned16(*t, es);
+  char* w = static_cast<char*>(workspace);
+  p.delta = reinterpret_cast<float*>(w);
+  const bool want_dbias = a.d_bias_table.data != nullptr;
+  p.dbias_partial = want_dbias ? reinterpret_cast<float*>(w + align_up(ws.delta_bytes)) : nullptr;
+
+  const dim3 grid(static_cast<unsigned>(a.part.num_groups * d.q_tiles), static_cast<unsigned>(d.H),
+                  static_cast<unsigned>(d.B));
+  const int G = a.part.group_size;
+  const std::size_t smem_dq = simt_smem<D>::bwd_dq(G, want_dbias ? d.bias_rows : 0);
+  GM_TRY(allow_smem(attention_bwd_dq_simt<T, D>, smem_dq));
+  attention_bwd_dq_simt<T, D><<<grid, simt_tile<D>::THREADS, smem_dq, stream>>>(p);
+  GM_TRY(cudaGetLastError());
+  attention_bwd_dkdv_simt<T, D><<<grid, simt_tile<D>::THREADS, simt_smem<D>::bwd_dkdv(G), stream>>>(p);
+  GM_TRY(cudaGetLastError());
+  if (want_dbias && ws.partial_count > 0) {
+    table2f out;
+    out.data = static_cast<float*>(a.d_bias_table.data);
+    out.s0 = a.d_bias_table.stride[0];
+    out.s1 = a.d_bias_table.stride[1];
+    out.rows = d.bias_rows;
+    const dim3 rgrid(static_cast<unsigned>((d.bias_rows + 31) / 32), static_cast<unsigned>(d.H));
+    dbias_reduce<<<rgrid, dim3(32, 32), 0, stream>>>(p.dbias_partial, ws.partial_count, static_cast<int>(d.H),
+                                                     d.bias_rows, out);
+    GM_TRY(cudaGetLastError());
+  }
+  return cudaSuccess;
+}
+
+template <class T>
+cudaError_t run_bwd_d(const gm_attention_bwd_args& a, const attn_dims& d, const bwd_layout& ws, void* workspace,
+                      cudaStream_t stream) {
+  return d.D == 32 ? run_bwd<T, 32>(a, d, ws, workspace, stream) : run_bwd<T, 64>(a, d, ws, workspace, stream);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace detail
+}  // namespace greenmim
+
+extern "C" cudaError_t gm_attention_bwd_can_implement(const gm_attention_bwd_args* args) {
+  using namespace greenmim::detail::cuda;
+  try {
+    attn_dims d;
+    bwd_layout ws;
+    return check_bwd(args, d, ws);
+  } catch (...) {
+    return cudaErrorUnknown;
+  }
+}
+
+extern "C" cudaError_t gm_attention_bwd_workspace_size(const gm_attention_bwd_args* args, size_t* bytes) {
+  using namespace greenmim::detail::cuda;
+  try {
+    clear_refusal();
+    GM_REFUSE_IF(bytes == nullptr, "bytes is null");
+    attn_dims d;
+    bwd_layout ws;
+    GM_TRY(check_bwd(args, d, ws));
+    *bytes = ws.total();
+    return cudaSuccess;
+  } catch (...) {
+    return cudaErrorUnknown;
+  }
+}
+
+extern "C" cudaError_t gm_attention_bwd(const gm_attention_bwd_args* args, void* workspace, size_t workspace_bytes,
+                                        cudaStream_t stream) {
+  using namespace greenmim::detail::cuda;
+  try {
+    attn_dims d;
+    bwd_layout ws;
+    GM_TRY(check_bwd(args, d, ws));
+    if (d.B == 0 || d.N == 0 || d.H == 0 || args->part.num_groups == 0) return cudaSuccess;
+    GM_REFUSE_IF(workspace_bytes < ws.total(), "workspace smaller than gm_attention_bwd_workspace_size");
+    GM_REFUSE_IF(ws.total() > 0 && workspace == nullptr, "workspace is null");
+    GM_REFUSE_IF(reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0, "workspace must be 256-byte aligned");
+    switch (args->dtype) {
+      case GM_FLOAT32: return run_bwd_d<float>(*args, d, ws, workspace, stream);
+      case GM_FLOAT16: return run_bwd_d<__half>(*args, d, ws, workspace, stream);
+      case GM_BFLOAT16: return run_bwd_d<__nv_bfloat16>(*args, d, ws, workspace, stream);
+    }
+    return refuse("dtype");
+  } catch (...) {
+    return cudaErrorUnknown;
+  }
+}

@@ -1,0 +1,115 @@
+//! \file attention_fwd.cu
+//! Forward entry points of group window attention (C ABI) and the instantiations of the forward
+//! kernels: SIMT for {fp32, fp16, bf16} x head_dim {32, 64}, MMA for {fp16, bf16} x {32, 64}.
+#include <greenmim/kernels.h>
+
+#include "detail/attention_checks.hpp"
+#include "detail/attention_mma.cuh"
+#include "detail/attention_simt.cuh"
+
+namespace greenmim {
+namespace detail {
+namespace cuda {
+namespace {
+
+//! Checks; on success `d` describes the problem and `use_mma` the chosen implementation.
+cudaError_t check_fwd(const gm_attention_fwd_args* a, attn_dims& d, bool& use_mma) {
+  clear_refusal();
+  GM_REFUSE_IF(a == nullptr, "args is null");
+  GM_TRY(check_attention_core(a->dtype, a->q, a->bias_table, a->part, a->window, a->scale, a->algo, d));
+  GM_TRY(check_like_q(a->k, d, a->dtype, false, "k: shape must equal q's; null, misaligned or non-unit last stride"));
+  GM_TRY(check_like_q(a->v, d, a->dtype, false, "v: shape must equal q's; null, misaligned or non-unit last stride"));
+  GM_TRY(check_like_q(a->o, d, a->dtype, true, "o: shape must equal q's; null, misaligned, non-unit last stride or self-overlapping"));
+  if (a->lse.data != nullptr)
+    GM_TRY(check_lse(a->lse, d, true, "lse must be float32 [B, N, heads], non-negative strides, not self-overlapping"));
+  const std::size_t es = dtype_bytes(a->dtype);
+  const gm_tensor* ins[3] = {&a->q, &a->k, &a->v};
+  for (const gm_tensor* in : ins) {
+    GM_REFUSE_IF(overlap(a->o, es, *in, es), "o overlaps an input");
+    if (a->lse.data != nullptr) GM_REFUSE_IF(overlap(a->lse, 4, *in, es), "lse overlaps an input");
+  }
+  if (a->lse.data != nullptr) GM_REFUSE_IF(overlap(a->lse, 4, a->o, es), "lse overlaps o");
+  if (d.with_bias) {
+    GM_REFUSE_IF(overlap(a->o, es, a->bias_table, 4), "o overlaps the bias table");
+    if (a->lse.data != nullptr) GM_REFUSE_IF(overlap(a->lse, 4, a->bias_table, 4), "lse overlaps the bias table");
+  }
+  const bool vec = rows_aligned16(a->q, es) && rows_aligned16(a->k, es) && rows_aligned16(a->v, es) &&
+                   rows_aligned16(a->o, es);
+  const std::size_t mma_smem = d.D == 32 ? mma_tile<32>::smem(d.bias_rows) : mma_tile<64>::smem(d.bias_rows);
+  const bool mma_ok = a->dtype != GM_FLOAT32 && a->part.group_size <= 64 && vec && mma_smem <= 48u * 1024u;
+  if (a->algo == GM_ALGO_MMA)
+    GM_REFUSE_IF(!mma_ok, "GM_ALGO_MMA needs fp16/bf16, group_size <= 64, 16-byte aligned rows and window <= 32");
+  use_mma = a->algo == GM_ALGO_MMA || (a->algo == GM_ALGO_AUTO && mma_ok);
+  return cudaSuccess;
+}
+
+template <class T, int D>
+cudaError_t run_fwd(const gm_attention_fwd_args& a, const attn_dims& d, bool use_mma, cudaStream_t stream) {
+  fwd_params<T> p;
+  p.q = to_rows<const T>(a.q);
+  p.k = to_rows<const T>(a.k);
+  p.v = to_rows<const T>(a.v);
+  p.o = to_rows<T>(a.o);
+  p.lse = to_rows3(a.lse);
+  p.bias = to_table(a.bias_table, d.bias_rows);
+  p.part = to_view(a.part);
+  p.batch = static_cast<int>(d.B);
+  p.heads = static_cast<int>(d.H);
+  p.window = a.window > 0 ? a.window : 1;
+  p.scale = d.scale;
+  const std::size_t es = sizeof(T);
+  p.vec = rows_aligned16(a.q, es) && rows_aligned16(a.k, es) && rows_aligned16(a.v, es) && rows_aligned16(a.o, es);
+  if (use_mma) {
+    if constexpr (!std::is_same<T, float>::value) {
+      p.q_tiles = 1;
+      const dim3 grid(static_cast<unsigned>(a.part.num_groups), static_cast<unsigned>(d.H), static_cast<unsigned>(d.B));
+      attention_fwd_mma<T, D><<<grid, mma_tile<D>::THREADS, mma_tile<D>::smem(d.bias_rows), stream>>>(p);
+      return cudaGetLastError();
+    }
+    return refuse("internal: mma path for float32");
+  }
+  p.q_tiles = d.q_tiles;
+  const dim3 grid(static_cast<unsigned>(a.part.num_groups * d.q_tiles), static_cast<unsigned>(d.H),
+                  static_cast<unsigned>(d.B));
+  attention_fwd_simt<T, D><<<grid, simt_tile<D>::THREADS, simt_smem<D>::fwd(a.part.group_size), stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t run_fwd_d(const gm_attention_fwd_args& a, const attn_dims& d, bool use_mma, cudaStream_t stream) {
+  return d.D == 32 ? run_fwd<T, 32>(a, d, use_mma, stream) : run_fwd<T, 64>(a, d, use_mma, stream);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace detail
+}  // namespace greenmim
+
+extern "C" cudaError_t gm_attention_fwd_can_implement(const gm_attention_fwd_args* args) {
+  using namespace greenmim::detail::cuda;
+  try {
+    attn_dims d;
+    bool use_mma = false;
+    return check_fwd(args, d, use_mma);
+  } catch (...) {
+    return cudaErrorUnknown;
+  }
+}
+
+extern "C" cudaError_t gm_attention_fwd(const gm_attention_fwd_args* args, cudaStream_t stream) {
+  using namespace greenmim::detail::cuda;
+  try {
+    attn_dims d;
+    bool use_mma = false;
+    GM_TRY(check_fwd(args, d, use_mma));
+    if (d.B == 0 || d.N == 0 || d.H == 0 || args->part.num_groups == 0) return cudaSuccess;
+    switch (args->dtype) {
+      case GM_FLOAT32: return run_fwd_d<float>(*args, d, false, stream);
+      case GM_FLOAT16: return run_fwd_d<__half>(*args, d, use_mma, stream);
+      case GM_BFLOAT16: return run_fwd_d<__nv_bfloat16>(*args, d, use_mma, stream);
+    }
+    return refuse("dtype");
+  } catch (...) {
+    return cudaErrorUnknown;
+  }
+}

@@ -1,0 +1,182 @@
+// GPU tests of partition/unpartition (gather/scatter) and of the device-side index building
+// (CUB), against the host builders of include/greenmim/partition.hpp.
+#include "gpu_test_util.hpp"
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using namespace gm_test;
+using greenmim::index_t;
+
+void check_round_trip(const problem& prob, gm_dtype dt, std::int64_t C, std::int64_t lead, std::mt19937_64& rng) {
+  const std::int64_t B = prob.batch, N = prob.part.num_tokens;
+  const std::int64_t S = static_cast<std::int64_t>(prob.part.group_size) * prob.part.num_groups;
+  INFO(prob.name << " dtype " << gm_dtype_name(dt) << " C " << C << " lead " << lead);
+  const std::size_t es = gm_dtype_size(dt);
+  // x: [B, N, C] contiguous after `lead` elements; y: [B, S, C] with one extra element per row
+  htensor hx(dt, static_cast<std::size_t>(lead + B * N * C));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (std::size_t i = 0; i < hx.size(); ++i) hx.set(i, nd(rng));
+  dbuf<unsigned char> x = to_device(hx.bytes);
+  const std::int64_t ys = C + 1;
+  dbuf<unsigned char> y(static_cast<std::size_t>(B * S * ys) * es);
+  y.fill_bytes(0xFF);
+  device_partition dp(prob.part);
+  gm_partition_args a{};
+  a.dtype = dt;
+  a.x = make_tensor(x.p + lead * static_cast<std::int64_t>(es), {B, N, C}, {N * C, C, 1});
+  a.y = make_tensor(y.p, {B, S, C}, {S * ys, ys, 1});
+  a.part = dp.c();
+  GM_CHECK_CUDA(gm_partition_can_implement(&a));
+  GM_CHECK_CUDA(gm_partition_tokens(&a, nullptr));
+  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  const std::vector<unsigned char> yb = y.download();
+  // every row of y: the gathered token row, or zeros for padding; the extra element untouched
+  std::int64_t wrong = 0, pad_nonzero = 0, margin = 0;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t s = 0; s < S; ++s) {
+      const index_t t = prob.part.gather[static_cast<std::size_t>(s)];
+      const unsigned char* row = yb.data() + static_cast<std::size_t>((b * S + s) * ys) * es;
+      if (t < 0) {
+        for (std::size_t k = 0; k < static_cast<std::size_t>(C) * es; ++k) pad_nonzero += row[k] != 0;
+      } else {
+        const unsigned char* src = hx.bytes.data() + static_cast<std::size_t>(lead + (b * N + t) * C) * es;
+        wrong += std::memcmp(row, src, static_cast<std::size_t>(C) * es) != 0;
+      }
+      for (std::size_t k = 0; k < es; ++k) margin += row[static_cast<std::size_t>(C) * es + k] != 0xFF;
+    }
+  CHECK(wrong == 0);
+  CHECK(pad_nonzero == 0);
+  CHECK(margin == 0);
+  // unpartition back into a poisoned x2: bit-exact round trip
+  dbuf<unsigned char> x2(static_cast<std::size_t>(B * N * C) * es);
+  x2.fill_bytes(0xFF);
+  a.x = make_tensor(x2.p, {B, N, C}, {N * C, C, 1});
+  GM_CHECK_CUDA(gm_unpartition_tokens(&a, nullptr));
+  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  const std::vector<unsigned char> xb = x2.download();
+  CHECK(std::memcmp(xb.data(), hx.bytes.data() + lead * static_cast<std::int64_t>(es), xb.size()) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("gpu partition/unpartition: vectorized and tail paths, padding zeroed, bit-exact round trip") {
+  GM_SKIP_WITHOUT_DEVICE();
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const problem shared = shared_mask_problem(rng, 56, 7, 3, 3);
+  const problem per_sample = per_sample_problem(rng, 28, 7, 0, 4, 0.3);
+  for (gm_dtype dt : {GM_FLOAT32, GM_FLOAT16, GM_BFLOAT16})
+    for (std::int64_t C : {128, 100, 37, 1, 1024}) {
+      check_round_trip(shared, dt, C, 0, rng);
+      check_round_trip(per_sample, dt, C, 0, rng);
+    }
+  check_round_trip(shared, GM_BFLOAT16, 128, 3, rng);  // misaligned base: narrow path
+}
+
+namespace {
+
+//! Device pipeline: mask -> select -> token windows -> (host plan) -> build; compared with the host.
+void check_index_building(const std::vector<std::uint8_t>& mask, index_t num_masks, index_t grid, index_t window,
+                          index_t shift, greenmim::strategy strat) {
+  const greenmim::window_geometry g = greenmim::make_window_geometry(grid, grid, window, shift);
+  INFO("masks " << num_masks << " grid " << grid << " p " << g.window << " shift " << g.shift);
+  // host
+  std::vector<index_t> cu, coords;
+  REQUIRE(greenmim::keep_mask_coords(greenmim::span<const std::uint8_t>(mask), num_masks, grid, grid, cu, coords) ==
+          greenmim::status::success);
+  greenmim::window_list wl;
+  REQUIRE(greenmim::build_windows_per_sample(g, greenmim::span<const index_t>(cu), greenmim::span<const index_t>(coords),
+                                             wl) == greenmim::status::success);
+  if (num_masks == 1) {  // the shared-mask builder gives the same list
+    greenmim::window_list w1;
+    REQUIRE(greenmim::build_windows(g, greenmim::span<const index_t>(coords), w1) == greenmim::status::success);
+    CHECK(w1.tokens == wl.tokens);
+    CHECK(w1.offsets == wl.offsets);
+  }
+  const std::vector<index_t> sizes = wl.sizes();
+  greenmim::plan plan;
+  greenmim::planner_options opt;
+  opt.strat = strat;
+  REQUIRE(greenmim::make_plan(greenmim::span<const index_t>(sizes), opt, 128, plan) == greenmim::status::success);
+  greenmim::partition_indices host;
+  REQUIRE(greenmim::build_partition(plan, wl, host) == greenmim::status::success);
+
+  // device: select
+  const index_t cap = static_cast<index_t>(mask.size());
+  dbuf<std::uint8_t> dmask = to_device(mask);
+  dbuf<index_t> positions(static_cast<std::size_t>(cap)), count(1);
+  std::size_t tmp_bytes = 0;
+  GM_CHECK_CUDA(gm_select_visible(nullptr, &tmp_bytes, dmask.p, num_masks, grid, grid, positions.p, count.p, nullptr));
+  dbuf<unsigned char> tmp(tmp_bytes + 256);
+  GM_CHECK_CUDA(gm_select_visible(tmp.p, &tmp_bytes, dmask.p, num_masks, grid, grid, positions.p, count.p, nullptr));
+  // token windows and sizes
+  const index_t nw = num_masks * g.num_windows();
+  dbuf<index_t> dcoords(static_cast<std::size_t>(cap)), dwin(static_cast<std::size_t>(cap)), dsizes(static_cast<std::size_t>(nw));
+  dsizes.fill_bytes(0x7F);  // must be zeroed by the call
+  GM_CHECK_CUDA(gm_token_windows(positions.p, count.p, cap, num_masks, greenmim::kernels::to_geometry(g), dcoords.p,
+                                 dwin.p, dsizes.p, nullptr));
+  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  const index_t n = count.download()[0];
+  REQUIRE(n == static_cast<index_t>(coords.size()));
+  std::vector<index_t> got_coords = dcoords.download();
+  got_coords.resize(static_cast<std::size_t>(n));
+  CHECK(got_coords == coords);
+  CHECK(dsizes.download() == sizes);
+  // plan table, then build
+  std::vector<index_t> wgroup, woff;
+  REQUIRE(greenmim::kernels::window_slot_table(plan, greenmim::span<const index_t>(sizes), wgroup, woff) ==
+          greenmim::status::success);
+  dbuf<index_t> dgroup = to_device(wgroup), doff = to_device(woff);
+  const std::size_t slots = static_cast<std::size_t>(host.num_slots());
+  dbuf<index_t> gather(slots), scatter(static_cast<std::size_t>(n)), slot_window(slots), slot_coord(slots);
+  gather.fill_bytes(0x55);
+  scatter.fill_bytes(0x55);
+  slot_window.fill_bytes(0x55);
+  slot_coord.fill_bytes(0x55);
+  std::size_t build_bytes = 0;
+  GM_CHECK_CUDA(gm_build_partition(nullptr, &build_bytes, dcoords.p, dwin.p, n, dsizes.p, nw, dgroup.p, doff.p,
+                                   host.group_size, host.num_groups, gather.p, scatter.p, slot_window.p, slot_coord.p,
+                                   nullptr));
+  dbuf<unsigned char> btmp(build_bytes);
+  btmp.fill_bytes(0xFF);
+  GM_CHECK_CUDA(gm_build_partition(btmp.p, &build_bytes, dcoords.p, dwin.p, n, dsizes.p, nw, dgroup.p, doff.p,
+                                   host.group_size, host.num_groups, gather.p, scatter.p, slot_window.p, slot_coord.p,
+                                   nullptr));
+  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK(gather.download() == host.gather);
+  CHECK(scatter.download() == host.scatter);
+  CHECK(slot_window.download() == host.slot_window);
+  CHECK(slot_coord.download() == host.slot_coord);
+}
+
+}  // namespace
+
+TEST_CASE("gpu index building equals the host builders (shared and per-sample masks)") {
+  GM_SKIP_WITHOUT_DEVICE();
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  // shared mask of the paper: a 7x7 unit mask expanded to the token grid of each stage
+  greenmim::mask_config cfg;
+  const std::vector<std::uint8_t> units = greenmim::random_mask(cfg, rng(), 0);
+  for (index_t grid : {56, 28, 14, 7}) {
+    const index_t u = grid / cfg.grid();
+    std::vector<std::uint8_t> m(static_cast<std::size_t>(grid) * grid);
+    for (index_t h = 0; h < grid; ++h)
+      for (index_t w = 0; w < grid; ++w) m[static_cast<std::size_t>(h) * grid + w] = units[(h / u) * cfg.grid() + w / u];
+    for (index_t shift : {0, 3}) check_index_building(m, 1, grid, 7, shift, greenmim::strategy::fast);
+  }
+  // per-sample arbitrary keep sets
+  for (index_t samples : {1, 3, 8}) {
+    std::vector<std::uint8_t> m(static_cast<std::size_t>(samples) * 28 * 28);
+    std::bernoulli_distribution bern(0.35);
+    for (auto& x : m) x = bern(rng) ? 1 : 0;
+    m[0] = 1;
+    check_index_building(m, samples, 28, 7, 3, greenmim::strategy::fast);
+    check_index_building(m, samples, 28, 14, 7, greenmim::strategy::per_window);
+  }
+}
