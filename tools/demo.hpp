@@ -50,7 +50,7 @@ inline options parse(int argc, char** argv) {
   cli::args a(argc, argv, {"--batch", "--seed", "--model"}, {"--json"});
   options o;
   o.json = a.has("--json");
-  if (a.has("--batch")) o.batch = static_cast<index_t>(cli::parse_int(a.get("--batch"), "--batch", 1, 512));
+  if (a.has("--batch")) o.batch = static_cast<index_t>(cli::parse_int(a.get("--batch"), "--batch", 1, 64));
   if (a.has("--seed")) o.seed = cli::parse_seed(a.get("--seed"));
   if (a.has("--model")) o.model = a.get("--model");
   if (find_model(o.model.c_str()) == nullptr) {
@@ -388,7 +388,7 @@ inline int run(const options& opt) {
 }  // namespace demo
 }  // namespace greenmim
 
-//! `greenmim demo [--json] [--batch N] [--seed S] [--model NAME]`: `argv` holds the arguments
+//! `greenmim demo [--json] [--batch N (1..64, default 8)] [--seed S] [--model NAME]`: `argv` holds the arguments
 //! after the subcommand. Returns 0 when every check passes, 1 when a check fails or an internal
 //! error occurs (one line on stderr), 2 on a bad flag (one line on stderr, nothing on stdout).
 //! Runs in about a second for the defaults (batch 8, Swin-B) on one core.

@@ -436,6 +436,7 @@ TEST_CASE("reference attention: grouped == window-by-window oracle (double, 1e-1
           outputs want;
           run_oracle(L, want);
           for (const auto& np : all_partitions(L, wl, r)) {
+            if (np.part.num_groups == 1 && L.N > 800) continue;  // G = N > 800: slow, adds nothing
             CAPTURE(p);
             CAPTURE(grid);
             CAPTURE(shifted);
@@ -461,7 +462,7 @@ TEST_CASE("reference attention: float grouped == double oracle (1e-5)") {
     for (bool shifted : {false, true}) {
       const gm::window_geometry g = gm::make_window_geometry(c.grid, c.grid, c.p, shifted ? c.p / 2 : 0);
       logical L;
-      L.B = 2;
+      L.B = c.grid == 56 ? 1 : 2;
       L.H = 2;
       L.D = 16;
       shared_mask_tokens(L, g, c.ratio, 77 + runs);
@@ -471,7 +472,7 @@ TEST_CASE("reference attention: float grouped == double oracle (1e-5)") {
       outputs want;
       run_oracle(R, want);
       for (const auto& np : all_partitions(L, wl, r)) {
-        if (np.name == "single" && c.grid == 56) continue;  // G = N: slow and adds nothing in float
+        if (np.part.num_groups == 1 && L.N > 400) continue;  // G = N: slow and adds nothing in float
         CAPTURE(c.p);
         CAPTURE(c.grid);
         CAPTURE(np.name);
@@ -599,9 +600,9 @@ TEST_CASE("reference attention: backward == central finite differences (double)"
   gm::rng r(3, 4);
   const gm::window_geometry g = gm::make_window_geometry(14, 14, 7, 3);
   logical L;
-  L.B = 2;
+  L.B = 1;
   L.H = 2;
-  L.D = 4;
+  L.D = 3;  // odd head_dim on purpose
   shared_mask_tokens(L, g, 0.75, 9);
   fill_random(L, r, 1.5);
   // a hand partition that really merges windows into shared groups
@@ -623,11 +624,12 @@ TEST_CASE("reference attention: per-sample flattened batches equal per-sample or
   for (index_t p : {7, 14}) {
     for (bool shifted : {false, true}) {
       for (bool aligned : {true, false}) {
-        const index_t grid = 28;
+        const index_t grid = p == 7 ? 14 : 28;
         const gm::window_geometry g = gm::make_window_geometry(grid, grid, p, shifted ? p / 2 : 0);
         const index_t S = 4;
         // Per-sample visible sets: random mask-unit masks (one stream per sample) or arbitrary
-        // keep sets with per-sample keep rates (one sample keeps nothing, one keeps everything).
+        // keep sets with per-sample keep rates (one sample keeps nothing; with p = 7 one keeps
+        // everything).
         std::vector<std::uint8_t> keep(static_cast<size_t>(S) * grid * grid, 0);
         for (index_t b = 0; b < S; ++b) {
           if (aligned) {
@@ -638,9 +640,10 @@ TEST_CASE("reference attention: per-sample flattened batches equal per-sample or
               for (index_t w = 0; w < grid; ++w)
                 keep[static_cast<size_t>((b * grid + h) * grid + w)] = m[static_cast<size_t>((h / u) * cfg.grid() + w / u)];
           } else {
-            const double rate[] = {0.0, 0.1, 0.5, 1.0};
+            const double rate7[] = {0.0, 0.1, 0.5, 1.0}, rate14[] = {0.0, 0.05, 0.25, 0.6};
+            const double rate = p == 7 ? rate7[b] : rate14[b];
             for (index_t i = 0; i < grid * grid; ++i)
-              keep[static_cast<size_t>(b * grid * grid + i)] = r.uniform() < rate[b];
+              keep[static_cast<size_t>(b * grid * grid + i)] = r.uniform() < rate;
           }
         }
         std::vector<index_t> cu, coords;
@@ -689,6 +692,7 @@ TEST_CASE("reference attention: per-sample flattened batches equal per-sample or
           CAPTURE(shifted);
           CAPTURE(aligned);
           CAPTURE(np.name);
+          if (np.part.num_groups == 1 && L.N > 600 && np.name != "single") continue;  // keep one G = N run
           // windows of different samples share groups (always so with the single group)
           if (np.name == "single") {
             std::vector<std::uint8_t> seen(static_cast<size_t>(S), 0);

@@ -1,5 +1,6 @@
 //! \file reference/attention.hpp
-//! CPU reference of Group Window Attention (the paper's Section 3.2-3.3), forward and backward,
+//! CPU reference of Group Window Attention (the paper's Group Window Attention with Masked
+//! Attention and relative position bias), forward and backward,
 //! and the window-by-window oracle it is proven against.
 //!
 //! - `group_attention_forward` / `group_attention_backward`: what a kernel computes. Per
