@@ -590,22 +590,7 @@ class planner {
       best_cost_ = cost_(best_g_, best_.count());
       return status::success;
     }
-    // Candidates: every G in [maxw, 2*maxw) on its own (L2 bound), and above that one range per
-    // k = ceil(S/G) (bound cost(G, k), nondecreasing in G within the range).
-    cands_.clear();
-    const std::int64_t S = total_;
-    const std::int64_t split = std::min<std::int64_t>(2 * static_cast<std::int64_t>(maxw_), S + 1);
-    for (std::int64_t g = maxw_; g < split; ++g) {
-      const index_t b = bins_lower_bound(static_cast<index_t>(g));
-      cands_.push_back({cost_(static_cast<index_t>(g), b), static_cast<index_t>(g), static_cast<index_t>(g), b});
-    }
-    for (std::int64_t lo = split; lo <= S;) {
-      const std::int64_t k = detail::ceil_div(S, lo);
-      const std::int64_t hi = k > 1 ? detail::ceil_div(S, k - 1) - 1 : S;  // last G with ceil(S/G) == k
-      cands_.push_back({cost_(static_cast<index_t>(lo), static_cast<index_t>(k)), static_cast<index_t>(lo),
-                        static_cast<index_t>(std::min(hi, S)), static_cast<index_t>(k)});
-      lo = std::min(hi, S) + 1;
-    }
+    build_candidates();
     auto worse = [](const candidate& a, const candidate& b) {  // min-heap on (lb, g)
       return a.lb > b.lb || (a.lb == b.lb && a.g > b.g);
     };
@@ -674,20 +659,32 @@ class planner {
     best_cost_ = cost_(best_g_, 1);
   }
 
+  //! Candidates of the sweep, into `cands_`: every G in [maxw, 2*maxw) on its own (L2 bound),
+  //! and above that one range per k = ceil(S/G) (bound cost(G, k), nondecreasing in G within the
+  //! range, so the range's first G carries its least bound).
+  void build_candidates() {
+    cands_.clear();
+    const std::int64_t S = total_;
+    const std::int64_t split = std::min<std::int64_t>(2 * static_cast<std::int64_t>(maxw_), S + 1);
+    for (std::int64_t g = maxw_; g < split; ++g) {
+      const index_t b = bins_lower_bound(static_cast<index_t>(g));
+      cands_.push_back({cost_(static_cast<index_t>(g), b), static_cast<index_t>(g), static_cast<index_t>(g), b});
+    }
+    for (std::int64_t lo = split; lo <= S;) {
+      const std::int64_t k = detail::ceil_div(S, lo);
+      const std::int64_t hi = k > 1 ? detail::ceil_div(S, k - 1) - 1 : S;  // last G with ceil(S/G) == k
+      cands_.push_back({cost_(static_cast<index_t>(lo), static_cast<index_t>(k)), static_cast<index_t>(lo),
+                        static_cast<index_t>(std::min(hi, S)), static_cast<index_t>(k)});
+      lo = std::min(hi, S) + 1;
+    }
+  }
+
   //! Lower bound on any plan's cost: min over G in [maxw, S] of cost(G, bins bound(G)).
   double global_lower_bound() {
     if (have_lower_bound_) return lower_bound_;
+    build_candidates();
     double lb = std::numeric_limits<double>::infinity();
-    const std::int64_t S = total_;
-    const std::int64_t split = std::min<std::int64_t>(2 * static_cast<std::int64_t>(maxw_), S + 1);
-    for (std::int64_t g = maxw_; g < split; ++g)
-      lb = std::min(lb, cost_(static_cast<index_t>(g), bins_lower_bound(static_cast<index_t>(g))));
-    for (std::int64_t lo = split; lo <= S;) {
-      const std::int64_t k = detail::ceil_div(S, lo);
-      const std::int64_t hi = k > 1 ? detail::ceil_div(S, k - 1) - 1 : S;
-      lb = std::min(lb, cost_(static_cast<index_t>(lo), static_cast<index_t>(k)));
-      lo = std::min(hi, S) + 1;
-    }
+    for (const candidate& c : cands_) lb = std::min(lb, c.lb);
     return lb;
   }
 
