@@ -372,3 +372,88 @@ TEST_CASE("per-sample batches: valid plans within 0.2% of the lower bound on Swi
   MESSAGE("per-sample gap " << 100 * (cost - bound) / bound << "%");
   CHECK(cost <= 1.002 * bound);
 }
+
+TEST_CASE("the histogram path (large inputs) gives valid plans on any input, multi-word G included") {
+  // paper_dp_max_windows = 0 sends every input down the path large batches take: counting
+  // packers during the sweep, groups formed once at the end.
+  rng g(12);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = 1 + static_cast<int>(g.below(trial < 200 ? 60 : 600));
+    const int maxv = 1 + static_cast<int>(g.below(trial % 3 == 0 ? 300 : 60));  // G up to a few words
+    auto sizes = random_sizes(g, n, maxv, 0.3);
+    if (*std::max_element(sizes.begin(), sizes.end()) == 0) sizes[g.below(sizes.size())] = 1;
+    const flops_cost cost{static_cast<index_t>(16 + g.below(512))};
+    planner_options lazy;
+    lazy.paper_dp_max_windows = 0;
+    lazy.exact_max_windows = 0;
+    plan p;
+    REQUIRE(make_plan(span<const index_t>(sizes), lazy, cost, p) == status::success);
+    REQUIRE(validate_plan(span<const index_t>(sizes), p) == status::success);
+    CHECK(p.cost == cost(p.group_size, p.num_groups()));
+    CHECK(p.cost >= p.lower_bound);
+    // a fixed G takes the same path
+    planner_options fixed = lazy;
+    fixed.group_size = p.group_size + static_cast<index_t>(g.below(100));
+    plan q;
+    REQUIRE(make_plan(span<const index_t>(sizes), fixed, cost, q) == status::success);
+    REQUIRE(validate_plan(span<const index_t>(sizes), q) == status::success);
+    CHECK(q.cost >= p.cost);  // p is the best over all G, this G included
+  }
+}
+
+TEST_CASE("histogram path: near the optimal group count on large perfect instances") {
+  rng g(13);
+  double total_k = 0, total_found = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const index_t G = static_cast<index_t>(20 + g.below(200));  // up to 4 words per reachability row
+    const int k = 100 + static_cast<int>(g.below(400));
+    std::vector<index_t> sizes;
+    for (int b = 0; b < k; ++b) {
+      index_t left = G;
+      while (left > 0) {
+        const index_t piece = static_cast<index_t>(1 + g.below(static_cast<std::uint64_t>(std::min<index_t>(left, 49))));
+        sizes.push_back(piece);
+        left -= piece;
+      }
+    }
+    for (size_t i = sizes.size(); i > 1; --i) std::swap(sizes[i - 1], sizes[g.below(i)]);
+    REQUIRE(sizes.size() > 256);  // the histogram path
+    plan p;
+    planner_options o;
+    o.group_size = G;
+    REQUIRE(make_plan(span<const index_t>(sizes), o, flops_cost{128}, p) == status::success);
+    REQUIRE(validate_plan(span<const index_t>(sizes), p) == status::success);
+    CHECK(p.group_size == G);
+    CHECK(p.num_groups() >= k);
+    total_k += k;
+    total_found += p.num_groups();
+  }
+  MESSAGE("large perfect instances: optimal groups " << total_k << ", found " << total_found);
+  CHECK(total_found <= 1.002 * total_k);
+}
+
+TEST_CASE("per-sample batches with 14x14 windows (G > 64): valid, close to the bound") {
+  const model_shape& m = *find_model("swin-b-w14");
+  mask_config cfg;
+  planner<flops_cost> pl(flops_cost{m.channels[0]});
+  double cost = 0, bound = 0;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<index_t> all;
+    for (int b = 0; b < 64; ++b) {
+      const auto um = random_mask(cfg, 200 + r, static_cast<std::uint64_t>(b));
+      std::vector<index_t> coords;
+      REQUIRE(visible_coords(span<const std::uint8_t>(um), cfg.grid(), m.grid(0), coords) == status::success);
+      const auto s = window_sizes(m.geometry(0, r == 1), span<const index_t>(coords));
+      all.insert(all.end(), s.begin(), s.end());
+    }
+    plan p;
+    REQUIRE(pl.run(span<const index_t>(all), planner_options{}, p) == status::success);
+    CHECK(validate_plan(span<const index_t>(all), p) == status::success);
+    CHECK(p.group_size >= 64);
+    CHECK(p.cost >= p.lower_bound);
+    cost += p.cost;
+    bound += p.lower_bound;
+  }
+  MESSAGE("per-sample w14 gap " << 100 * (cost - bound) / bound << "%");
+  CHECK(cost <= 1.01 * bound);
+}

@@ -11,11 +11,27 @@
 #include <algorithm>
 #include <cstdint>
 #include <vector>
+#if defined(_MSC_VER) && !defined(__clang__)
+#include <intrin.h>
+#endif
 
 #include "config.hpp"
 #include "view.hpp"
 
 namespace greenmim {
+
+namespace detail {
+//! Leading zeros of a nonzero 64-bit word.
+inline int clz64(std::uint64_t x) {
+#if defined(_MSC_VER) && !defined(__clang__)
+  unsigned long i;
+  _BitScanReverse64(&i, x);
+  return 63 - static_cast<int>(i);
+#else
+  return __builtin_clzll(x);
+#endif
+}
+}  // namespace detail
 
 //! The appendix DP, literally: fills `table` ((n+1) x (G+1)) bottom-up, then walks back from
 //! item n to 1. Writes the chosen positions of `phi` in increasing order to `chosen` and returns
@@ -72,7 +88,7 @@ inline void or_shifted(const std::uint64_t* src, std::uint64_t* dst, std::int64_
 }
 inline std::int64_t highest_bit(const std::uint64_t* row, std::int64_t words) {
   for (std::int64_t j = words - 1; j >= 0; --j)
-    if (row[j]) return j * 64 + 63 - __builtin_clzll(row[j]);
+    if (row[j]) return j * 64 + 63 - detail::clz64(row[j]);
   return -1;
 }
 }  // namespace detail

@@ -105,64 +105,141 @@ class planner {
   struct item {
     index_t window;  // index into the caller's sizes
     index_t size;
+    item() {}  // no zeroing: the counting sort writes every slot it keeps
+    item(index_t w, index_t s) : window(w), size(s) {}
   };
 
   // ---- set-up ---------------------------------------------------------------------------------
   status prepare(span<const index_t> sizes, const planner_options& opt) {
     items_.clear();
+    have_input_order_ = false;
+    best_holds_windows_ = false;
     total_ = 0;
     maxw_ = 0;
     if (sizes.size() == 0) return status::empty_input;
     if (sizes.size() > std::numeric_limits<index_t>::max()) return status::overflow;
     if (opt.group_size < 0) return status::invalid_argument;
-    for (std::int64_t i = 0; i < sizes.size(); ++i) {
-      const index_t w = sizes[i];
-      if (w < 0) return status::invalid_argument;
-      if (w > max_window_size) return status::overflow;
-      if (w == 0) continue;
-      items_.push_back({static_cast<index_t>(i), w});
-      total_ += w;
-      maxw_ = std::max(maxw_, w);
-    }
-    if (items_.empty()) return status::empty_input;
-    if (total_ > max_total_size) return status::overflow;
+    if (status st = build_histogram(sizes.data(), sizes.size()); st != status::success) return st;
     if (opt.group_size > 0 && opt.strat != strategy::paper && opt.strat != strategy::fast)
       return status::invalid_argument;
     if (opt.group_size > 0 && opt.group_size < maxw_) return status::size_exceeds_group;
-    build_histogram();
     return status::success;
   }
 
-  void build_histogram() {
-    cnt_le_.assign(static_cast<size_t>(maxw_) + 1, 0);
-    sum_le_.assign(static_cast<size_t>(maxw_) + 1, 0);
-    for (const item& it : items_) {
-      ++cnt_le_[it.size];
-      sum_le_[it.size] += it.size;
+  //! Validates the sizes, builds the size histogram (cnt_le_, sum_le_, distinct_, total_, maxw_)
+  //! and the items in decreasing-size order, stable in window index (the order the DP on
+  //! decreasing sizes and BFD use), by a counting sort: sizes are small integers, so O(n + max w).
+  //! The items of size w occupy [n - cnt_le(w), n - cnt_le(w-1)). The input is cut into
+  //! `streams` contiguous parts walked in lockstep, each with its own counters, so runs of
+  //! equal sizes do not serialize on one counter (store-to-load forwarding).
+  status build_histogram(const index_t* s, std::int64_t n_all) {
+    // fast path: every size below a power-of-two cap (a size >= cap, or a negative one, shows up
+    // in the OR of the sizes); otherwise find the range exactly, validate, and grow the cap
+    if (hist_cap_ < 64) hist_cap_ = 64;
+    const std::int64_t q = n_all / 4;  // parts [k*q, (k+1)*q) for k < 3; the last also takes the tail
+    for (;;) {
+      const size_t cap = hist_cap_;
+      hist4_.assign(4 * cap, 0);
+      std::int32_t* h = hist4_.data();
+      std::uint32_t any = 0;
+      for (std::int64_t i = 0; i < q; ++i) {
+        const auto u0 = static_cast<std::uint32_t>(s[i]), u1 = static_cast<std::uint32_t>(s[q + i]);
+        const auto u2 = static_cast<std::uint32_t>(s[2 * q + i]), u3 = static_cast<std::uint32_t>(s[3 * q + i]);
+        if ((u0 | u1 | u2 | u3) >= cap) { any = ~0u; break; }
+        ++h[u0];
+        ++h[cap + u1];
+        ++h[2 * cap + u2];
+        ++h[3 * cap + u3];
+      }
+      for (std::int64_t i = 4 * q; i < n_all && any < cap; ++i) {
+        const auto u = static_cast<std::uint32_t>(s[i]);
+        any |= u;
+        if (u < cap) ++h[3 * cap + u];
+      }
+      if (any < cap) break;
+      index_t lo = 0, hi = 0;
+      for (std::int64_t i = 0; i < n_all; ++i) {
+        lo = std::min(lo, s[i]);
+        hi = std::max(hi, s[i]);
+      }
+      if (lo < 0) return status::invalid_argument;
+      if (hi > max_window_size) return status::overflow;
+      size_t c = 64;
+      while (c <= static_cast<size_t>(hi)) c *= 2;
+      hist_cap_ = c;
     }
+    const size_t cap = hist_cap_;
+    const std::int32_t* h = hist4_.data();
+    index_t hi = 0;
+    for (size_t v = cap; v-- > 1;)
+      if (h[v] + h[cap + v] + h[2 * cap + v] + h[3 * cap + v]) { hi = static_cast<index_t>(v); break; }
+    if (hi == 0) return status::empty_input;
+    const size_t w1 = static_cast<size_t>(hi) + 1;
+    cnt_le_.resize(w1);
+    sum_le_.resize(w1);
     distinct_.clear();
-    for (index_t v = 1; v <= maxw_; ++v)
-      if (cnt_le_[v]) distinct_.push_back(v);
-    for (index_t v = 1; v <= maxw_; ++v) {
-      cnt_le_[v] += cnt_le_[v - 1];
-      sum_le_[v] += sum_le_[v - 1];
+    cnt_le_[0] = 0;  // zero-size windows are not items
+    sum_le_[0] = 0;
+    for (size_t v = 1; v < w1; ++v) {
+      const std::int64_t c = std::int64_t{h[v]} + h[cap + v] + h[2 * cap + v] + h[3 * cap + v];
+      if (c) distinct_.push_back(static_cast<index_t>(v));
+      sum_le_[v] = sum_le_[v - 1] + c * static_cast<std::int64_t>(v);
+      cnt_le_[v] = cnt_le_[v - 1] + c;
     }
-    sort_next_.assign(cnt_le_.size(), 0);
-    // decreasing-size order (stable in window index): the order the DP-on-decreasing and BFD use
-    // counting sort: sizes are small integers, so this is O(n + max w)
-    by_size_.resize(items_.size());
-    const std::int64_t n = n_items();
-    for (index_t i = 0; i < static_cast<index_t>(n); ++i) {
-      const index_t w = items_[i].size;
-      // items of size w occupy [n - cnt_le(w), n - cnt_le(w - 1)) in decreasing order
-      by_size_[static_cast<size_t>(n - cnt_le(w) + fill_pos(w))] = i;
+    if (sum_le_[w1 - 1] > max_total_size) return status::overflow;
+    total_ = sum_le_[w1 - 1];
+    maxw_ = hi;
+    // placement: part k's first item of size v goes after all larger items and after the items of
+    // size v in parts < k; empty windows go to [n, n_all) and are dropped after
+    const std::int64_t n = cnt_le_[w1 - 1];
+    next4_.resize(4 * w1);
+    index_t* nx = next4_.data();
+    for (size_t v = 0; v < w1; ++v) {
+      std::int64_t at = v ? n - cnt_le_[v] : n;
+      for (size_t k = 0; k < 4; ++k) {
+        nx[k * w1 + v] = static_cast<index_t>(at);
+        at += h[k * cap + v];
+      }
     }
+    items_.resize(static_cast<size_t>(n_all));
+    item* it = items_.data();
+    index_t *n0 = nx, *n1 = nx + w1, *n2 = nx + 2 * w1, *n3 = nx + 3 * w1;
+    for (std::int64_t i = 0; i < q; ++i) {
+      const index_t w0 = s[i], w1v = s[q + i], w2 = s[2 * q + i], w3 = s[3 * q + i];
+      it[n0[w0]++] = item(static_cast<index_t>(i), w0);
+      it[n1[w1v]++] = item(static_cast<index_t>(q + i), w1v);
+      it[n2[w2]++] = item(static_cast<index_t>(2 * q + i), w2);
+      it[n3[w3]++] = item(static_cast<index_t>(3 * q + i), w3);
+    }
+    for (std::int64_t i = 4 * q; i < n_all; ++i) it[n3[s[i]]++] = item(static_cast<index_t>(i), s[i]);
+    items_.resize(static_cast<size_t>(n));
+    return status::success;
   }
 
-  index_t fill_pos(index_t w) {
-    if (sort_next_.size() != cnt_le_.size()) sort_next_.assign(cnt_le_.size(), 0);
-    return sort_next_[w]++;
+  //! Item positions in window order (the paper's input order), built on demand.
+  const std::vector<index_t>& input_order() {
+    if (!have_input_order_) {
+      // windows are distinct, so a counting pass over window indices orders them
+      index_t top = 0;
+      for (const item& it : items_) top = std::max(top, it.window);
+      order_tmp_.assign(static_cast<size_t>(top) + 1, -1);
+      for (index_t p = 0; p < static_cast<index_t>(items_.size()); ++p) order_tmp_[items_[p].window] = p;
+      input_order_.clear();
+      for (index_t p : order_tmp_)
+        if (p >= 0) input_order_.push_back(p);
+      have_input_order_ = true;
+    }
+    return input_order_;
   }
+  //! Item positions in decreasing-size order: 0, 1, ..., n-1.
+  const std::vector<index_t>& size_order() {
+    if (size_order_.size() != items_.size()) {
+      size_order_.resize(items_.size());
+      std::iota(size_order_.begin(), size_order_.end(), 0);
+    }
+    return size_order_;
+  }
+
   std::int64_t n_items() const { return static_cast<std::int64_t>(items_.size()); }
   std::int64_t cnt_le(std::int64_t x) const { return x < 0 ? 0 : cnt_le_[static_cast<size_t>(std::min<std::int64_t>(x, maxw_))]; }
   std::int64_t sum_le(std::int64_t x) const { return x < 0 ? 0 : sum_le_[static_cast<size_t>(std::min<std::int64_t>(x, maxw_))]; }
@@ -173,22 +250,23 @@ class planner {
     const std::int64_t l1 = detail::ceil_div(total_, g);
     if (2 * static_cast<std::int64_t>(maxw_) <= g) return static_cast<index_t>(l1);
     const std::int64_t n = n_items(), half = g / 2;
-    std::int64_t best = l1;
+    // L2 = max over k of j1 + j2 + ceil(max(rest, 0) / g) = ceil(max over k of X_k / g) with
+    // X_k = (j1 + j2) * g + max(rest, 0): one division instead of one per k
+    std::int64_t best = 0;
     auto eval = [&](std::int64_t k) {
       const std::int64_t j1 = n - cnt_le(g - k);
       const std::int64_t j2 = cnt_le(g - k) - cnt_le(half);
       const std::int64_t s2 = sum_le(g - k) - sum_le(half);
       const std::int64_t s3 = sum_le(half) - sum_le(k - 1);
       const std::int64_t rest = s3 - (j2 * g - s2);
-      const std::int64_t l = j1 + j2 + (rest > 0 ? detail::ceil_div(rest, g) : 0);
-      best = std::max(best, l);
+      best = std::max(best, (j1 + j2) * g + std::max<std::int64_t>(rest, 0));
     };
     eval(0);
     for (index_t v : distinct_) {
       if (v > half) break;
       eval(v);
     }
-    return static_cast<index_t>(best);
+    return static_cast<index_t>(std::max(l1, detail::ceil_div(best, g)));
   }
 
   // ---- packers --------------------------------------------------------------------------------
@@ -230,17 +308,17 @@ class planner {
     bin_fill_.clear();
     item_next_.assign(items_.size(), -1);
     size_t pos = 0;
-    const size_t n = by_size_.size();
+    const size_t n = items_.size();
     while (pos < n) {
-      const index_t w = items_[by_size_[pos]].size;
+      const index_t w = items_[pos].size;
       size_t end = pos;
-      while (end < n && items_[by_size_[end]].size == w) ++end;
+      while (end < n && items_[end].size == w) ++end;
       for (std::int64_t f = g - w; f >= 1 && pos < end; --f) {
         while (bucket_head_[f] >= 0 && pos < end) {
           const index_t b = bucket_head_[f];
           bucket_head_[f] = bin_next_[b];
           std::int64_t fill = f;
-          while (fill + w <= g && pos < end) push_item(b, by_size_[pos++]), fill += w;
+          while (fill + w <= g && pos < end) push_item(b, static_cast<index_t>(pos++)), fill += w;
           move_bin(b, static_cast<index_t>(fill));
         }
       }
@@ -250,7 +328,7 @@ class planner {
         bin_next_.push_back(-1);
         bin_items_.push_back(-1);
         std::int64_t fill = 0;
-        while (fill + w <= g && pos < end) push_item(b, by_size_[pos++]), fill += w;
+        while (fill + w <= g && pos < end) push_item(b, static_cast<index_t>(pos++)), fill += w;
         move_bin(b, static_cast<index_t>(fill));
       }
     }
@@ -269,76 +347,177 @@ class planner {
     bucket_head_[fill] = b;
   }
 
+  //! Patterns found by `histogram_dp`: pattern p forms `reps` identical groups, each taking
+  //! `takes[begin, end)` = (size rank j, copies) items; ranks count from the largest size.
+  struct hd_patterns {
+    struct pattern {
+      index_t fill;
+      index_t reps;
+      index_t begin, end;
+    };
+    std::vector<pattern> pats;
+    std::vector<std::pair<index_t, index_t>> takes;
+    index_t groups = 0;
+    void clear() {
+      pats.clear();
+      takes.clear();
+      groups = 0;
+    }
+  };
+
   //! Subset-sum DP on the size histogram ("DP on decreasing sizes" for large n): each group is
   //! the largest fill <= g reachable with the remaining counts, reconstructed preferring larger
-  //! sizes, and each pattern found is applied as many times as the counts allow. O(phases * d * g).
-  //! Returns the number of groups; materializes them into `out` when it is not null.
-  index_t histogram_dp(index_t g, detail::packing* out) {
+  //! sizes, and each pattern found is applied as many times as the counts allow. Reachable fills
+  //! are bitsets (one word for g < 64); a size with count c is added by log2(c) shift-ors
+  //! (binary splitting of 0..c copies). O(phases * d * log(g) * g / 64). Returns the number of
+  //! groups; the patterns go to `res` (`materialize` turns them into groups).
+  index_t histogram_dp(index_t g, hd_patterns& res) {
+    using word = std::uint64_t;
+    res.clear();
     const size_t m = distinct_.size();
-    const size_t cols = static_cast<size_t>(g) + 1;
+    const size_t W = static_cast<size_t>(g) / 64 + 1;
+    const word top_mask = (g % 64 == 63) ? ~word{0} : ((word{1} << (g % 64 + 1)) - 1);
+    // active size ranks (count > 0), largest size first; rank j = 0 is the largest size
     hd_cnt_.resize(m);
-    hd_take_.resize(m);
-    hd_next_.assign(m, 0);
+    hd_active_.resize(m);
+    hd_size_.resize(m);
     std::int64_t left = 0;
-    for (size_t j = 0; j < m; ++j) {  // j = 0 is the largest size
+    for (size_t j = 0; j < m; ++j) {
       const index_t v = distinct_[m - 1 - j];
       hd_cnt_[j] = static_cast<index_t>(cnt_le(v) - cnt_le(v - 1));
+      hd_active_[j] = static_cast<index_t>(j);
+      hd_size_[j] = v;
       left += hd_cnt_[j];
     }
-    hd_reach_.assign((m + 1) * cols, 0);
-    hd_used_.resize(cols);
-    if (out) out->clear();
-    index_t groups = 0;
-    const std::int64_t n = n_items();
+    size_t act = m;
+    hd_reach_.resize((m + 1) * W);
+    auto test = [](const word* r, std::int64_t x) { return (r[x >> 6] >> (x & 63)) & 1u; };
     while (left > 0) {
-      std::uint8_t* r0 = hd_reach_.data();
-      std::fill(r0, r0 + cols, 0);
-      r0[0] = 1;
-      for (size_t j = 0; j < m; ++j) {
-        const index_t v = distinct_[m - 1 - j], c = hd_cnt_[j];
-        const std::uint8_t* prev = r0 + j * cols;
-        std::uint8_t* cur = r0 + (j + 1) * cols;
-        for (size_t x = 0; x < cols; ++x) {
-          if (prev[x]) {
-            cur[x] = 1;
-            hd_used_[x] = 0;
-          } else if (x >= static_cast<size_t>(v) && cur[x - v] && hd_used_[x - v] < c) {
-            cur[x] = 1;
-            hd_used_[x] = hd_used_[x - v] + 1;
-          } else {
-            cur[x] = 0;
+      // row a + 1 = fills reachable with the first a + 1 active sizes (row 0 = {0})
+      word* r0 = hd_reach_.data();
+      if (W == 1) {  // g < 64: one word per row
+        word r = 1;
+        r0[0] = r;
+        for (size_t a = 0; a < act; ++a) {
+          const index_t j = hd_active_[a];
+          const std::int64_t v = hd_size_[j];
+          std::int64_t t_max = std::min<std::int64_t>(hd_cnt_[j], g / v);
+          for (std::int64_t k = 1; t_max > 0; k <<= 1) {  // 0..t_max copies: shifts by 1, 2, 4, ... copies
+            const std::int64_t take = std::min(k, t_max);
+            t_max -= take;
+            r |= r << (take * v);
+          }
+          r0[a + 1] = r;
+        }
+      } else {
+        std::fill(r0, r0 + W, word{0});
+        r0[0] = 1;
+        for (size_t a = 0; a < act; ++a) {
+          const index_t j = hd_active_[a];
+          const std::int64_t v = hd_size_[j];
+          word* cur = r0 + (a + 1) * W;
+          std::copy(r0 + a * W, r0 + (a + 1) * W, cur);
+          std::int64_t t_max = std::min<std::int64_t>(hd_cnt_[j], g / v);
+          for (std::int64_t k = 1; t_max > 0; k <<= 1) {
+            const std::int64_t take = std::min(k, t_max);
+            t_max -= take;
+            const std::int64_t sh = take * v;
+            const size_t ws = static_cast<size_t>(sh >> 6);
+            const unsigned bs = static_cast<unsigned>(sh & 63);
+            if (ws >= W) break;
+            for (size_t i = W; i-- > ws;) {  // descending: in place
+              word x = cur[i - ws] << bs;
+              if (bs && i > ws) x |= cur[i - ws - 1] >> (64 - bs);
+              cur[i] |= x;
+            }
           }
         }
       }
-      std::int64_t res = static_cast<std::int64_t>(cols) - 1;
-      while (!r0[m * cols + static_cast<size_t>(res)]) --res;
-      const index_t fill = static_cast<index_t>(res);
+      const word* last = r0 + act * W;
+      std::int64_t fill = -1;
+      for (size_t i = W; i-- > 0 && fill < 0;) {
+        const word x = i + 1 == W ? last[i] & top_mask : last[i];
+        if (x) fill = static_cast<std::int64_t>(i) * 64 + 63 - detail::clz64(x);
+      }
+      // reconstruct, smallest size first (take the fewest copies possible), so larger sizes fill
+      std::int64_t rest = fill;
       std::int64_t reps = std::numeric_limits<std::int64_t>::max();
-      for (size_t j = m; j-- > 0;) {  // smallest size first: take the fewest copies possible
-        const index_t v = distinct_[m - 1 - j];
+      const index_t begin = static_cast<index_t>(res.takes.size());
+      for (size_t a = act; a-- > 0;) {
+        const index_t j = hd_active_[a];
+        const std::int64_t v = hd_size_[j];
         index_t t = 0;
-        while (!r0[j * cols + static_cast<size_t>(res - static_cast<std::int64_t>(t) * v)]) ++t;
-        hd_take_[j] = t;
-        res -= static_cast<std::int64_t>(t) * v;
-        if (t) reps = std::min<std::int64_t>(reps, hd_cnt_[j] / t);
-      }
-      for (std::int64_t r = 0; r < reps; ++r) {
-        if (out) {
-          for (size_t j = 0; j < m; ++j) {
-            const index_t v = distinct_[m - 1 - j];
-            for (index_t t = 0; t < hd_take_[j]; ++t)
-              out->members.push_back(by_size_[static_cast<size_t>(n - cnt_le(v) + hd_next_[j]++)]);
-          }
-          out->close_group(fill);
+        while (!test(r0 + a * W, rest - static_cast<std::int64_t>(t) * v)) ++t;
+        if (t) {
+          res.takes.emplace_back(j, t);
+          rest -= static_cast<std::int64_t>(t) * v;
+          reps = std::min<std::int64_t>(reps, hd_cnt_[j] / t);
         }
       }
-      for (size_t j = 0; j < m; ++j) {
-        hd_cnt_[j] -= static_cast<index_t>(reps * hd_take_[j]);
-        left -= reps * hd_take_[j];
+      bool emptied = false;
+      for (size_t q = begin; q < res.takes.size(); ++q) {
+        const index_t j = res.takes[q].first;
+        hd_cnt_[j] -= static_cast<index_t>(reps * res.takes[q].second);
+        left -= reps * res.takes[q].second;
+        emptied |= hd_cnt_[j] == 0;
       }
-      groups += static_cast<index_t>(reps);
+      if (emptied) {  // drop exhausted sizes, keeping the order
+        size_t k = 0;
+        for (size_t a = 0; a < act; ++a)
+          if (hd_cnt_[hd_active_[a]] > 0) hd_active_[k++] = hd_active_[a];
+        act = k;
+      }
+      res.pats.push_back({static_cast<index_t>(fill), static_cast<index_t>(reps), begin,
+                          static_cast<index_t>(res.takes.size())});
+      res.groups += static_cast<index_t>(reps);
     }
-    return groups;
+    return res.groups;
+  }
+
+  //! The groups of `res` (from `histogram_dp` on the current items), into `out`: item positions,
+  //! or window indices (the caller's numbering) when `Windows`.
+  template <bool Windows>
+  void materialize(const hd_patterns& res, detail::packing& out) {
+    const size_t m = distinct_.size();
+    const std::int64_t n = n_items();
+    hd_next_.resize(m);
+    for (size_t j = 0; j < m; ++j) hd_next_[j] = static_cast<index_t>(n - cnt_le(distinct_[m - 1 - j]));
+    out.members.resize(static_cast<size_t>(n));
+    out.fills.resize(static_cast<size_t>(res.groups));
+    out.offsets.resize(static_cast<size_t>(res.groups) + 1);
+    index_t* mem = out.members.data();
+    index_t* nxt = hd_next_.data();
+    const item* items = items_.data();
+    size_t base = 0, grp = 0;
+    out.offsets[0] = 0;
+    // pattern by pattern, column by column: the groups of one pattern have the same layout, so
+    // each (size, copies) column is a strided copy with no loop-carried memory dependency
+    for (const auto& p : res.pats) {
+      size_t len = 0;
+      for (index_t q = p.begin; q < p.end; ++q) len += static_cast<size_t>(res.takes[q].second);
+      size_t off = 0;
+      for (index_t q = p.begin; q < p.end; ++q) {
+        const index_t j = res.takes[q].first, t = res.takes[q].second;
+        const index_t src = nxt[j];
+        index_t* dst = mem + base + off;
+        if (t == 1) {
+          for (index_t r = 0; r < p.reps; ++r) dst[static_cast<size_t>(r) * len] = Windows ? items[src + r].window : src + r;
+        } else {
+          for (index_t r = 0; r < p.reps; ++r)
+            for (index_t c = 0; c < t; ++c) {
+              const index_t at = src + r * t + c;
+              dst[static_cast<size_t>(r) * len + static_cast<size_t>(c)] = Windows ? items[at].window : at;
+            }
+        }
+        nxt[j] = src + p.reps * t;
+        off += static_cast<size_t>(t);
+      }
+      for (index_t r = 0; r < p.reps; ++r) {
+        out.fills[grp] = p.fill;
+        base += len;
+        out.offsets[++grp] = static_cast<index_t>(base);
+      }
+    }
   }
 
   //! Exact minimum number of bins by a DP over the multiset of sizes (lexicographically least
@@ -383,12 +562,12 @@ class planner {
     std::reverse(ex_seq_.begin(), ex_seq_.end());
     // items of each distinct size, in window order
     ex_next_.assign(m, 0);
-    // by_size_ is decreasing; the items of size distinct_[j] occupy by_size_[n - cnt_le(v) ..]
+    // the items of size distinct_[j] occupy [n - cnt_le(v), ...)
     const std::int64_t n = n_items();
     std::int64_t fill = 0;
     for (index_t j : ex_seq_) {
       const index_t w = distinct_[j];
-      const index_t it = by_size_[static_cast<size_t>(n - cnt_le(w) + ex_next_[j]++)];
+      const index_t it = static_cast<index_t>(n - cnt_le(w) + ex_next_[j]++);
       if (fill + w > g) {
         out.close_group(static_cast<index_t>(fill));
         fill = 0;
@@ -405,17 +584,17 @@ class planner {
   //! nondecreasing group order; both rules keep the search complete.
   //! Returns 1 (packing in `out`), 0 (proved impossible), or -1 (node budget exhausted).
   int fits_in(index_t g, index_t k, detail::packing& out) {
-    const size_t n = by_size_.size();
+    const size_t n = items_.size();
     if (static_cast<std::int64_t>(k) * g < total_) return 0;
     dfs_fill_.assign(static_cast<size_t>(k), 0);
     dfs_bin_.assign(n, -1);
     std::int64_t budget = 4000;
     size_t i = 0;
     while (i < n) {
-      const index_t w = items_[by_size_[i]].size;
+      const index_t w = items_[i].size;
       // an item equal to its predecessor goes to the same or a later group (swapping two equal
       // items changes nothing)
-      const index_t start = (i > 0 && items_[by_size_[i - 1]].size == w) ? dfs_bin_[i - 1] : 0;
+      const index_t start = (i > 0 && items_[i - 1].size == w) ? dfs_bin_[i - 1] : 0;
       index_t b = dfs_bin_[i] >= 0 ? dfs_bin_[i] + 1 : start;
       if (dfs_bin_[i] >= 0) dfs_fill_[dfs_bin_[i]] -= w;  // undo the previous try
       for (; b < k; ++b) {
@@ -439,7 +618,7 @@ class planner {
     for (index_t b = 0; b < k; ++b) {
       if (dfs_fill_[b] == 0) continue;
       for (size_t j = 0; j < n; ++j)
-        if (dfs_bin_[j] == b) out.members.push_back(by_size_[j]);
+        if (dfs_bin_[j] == b) out.members.push_back(static_cast<index_t>(j));
       out.close_group(dfs_fill_[b]);
     }
     return 1;
@@ -454,11 +633,10 @@ class planner {
 
   // ---- strategies -----------------------------------------------------------------------------
   status run_paper(const planner_options& opt) {
-    identity_.resize(items_.size());
-    std::iota(identity_.begin(), identity_.end(), 0);
+    const std::vector<index_t>& order = input_order();
     auto pack = [&](index_t g, detail::packing& p) {
-      if (opt.table_dp) repeated_knapsack<true>(identity_, g, p);
-      else repeated_knapsack<false>(identity_, g, p);
+      if (opt.table_dp) repeated_knapsack<true>(order, g, p);
+      else repeated_knapsack<false>(order, g, p);
     };
     if (opt.group_size > 0) {
       best_g_ = static_cast<index_t>(std::min<std::int64_t>(opt.group_size, total_));
@@ -494,7 +672,7 @@ class planner {
       cur_count_ = bfd_count(g);
       cur_lazy_ = lazy_bfd;
       if (cur_count_ <= lbb) return true;
-      const index_t h = histogram_dp(g, nullptr);
+      const index_t h = histogram_dp(g, hd_cur_);
       if (h < cur_count_) {
         cur_count_ = h;
         cur_lazy_ = lazy_hdp;
@@ -502,7 +680,7 @@ class planner {
       return cur_count_ <= lbb;
     }
     cur_lazy_ = lazy_none;
-    repeated_knapsack<false>(by_size_, g, cur_);  // the paper's DP on decreasing sizes
+    repeated_knapsack<false>(size_order(), g, cur_);  // the paper's DP on decreasing sizes
     cur_count_ = cur_.count();
     if (cur_count_ <= lbb) return true;
     auto take_alt = [&] {
@@ -527,13 +705,12 @@ class planner {
       }
       return true;  // no k below the heuristic count fits: it is optimal
     }
-    histogram_dp(g, &alt_);
+    histogram_dp(g, hd_cur_);
+    materialize<false>(hd_cur_, alt_);
     take_alt();
     if (cur_count_ <= lbb) return true;
     if (n_items() <= opt.paper_dp_max_windows) {
-      identity_.resize(items_.size());
-      std::iota(identity_.begin(), identity_.end(), 0);
-      repeated_knapsack<false>(identity_, g, alt_);
+      repeated_knapsack<false>(input_order(), g, alt_);
       take_alt();
     }
     return cur_count_ <= lbb;
@@ -580,47 +757,44 @@ class planner {
     index_t g;
     index_t last;  // last G of the range this candidate walks (== g for a single G)
     index_t bins;  // group-count lower bound on the whole range
+    bool refined;  // bins is the L2 bound (else the cheaper ceil(S/G), refined when needed)
   };
-
-  status run_fast(const planner_options& opt) {
-    if (opt.group_size > 0) {
-      best_g_ = static_cast<index_t>(std::min<std::int64_t>(opt.group_size, total_));
-      pack_fast(best_g_, opt, bins_lower_bound(best_g_), false);
-      std::swap(best_, cur_);
-      best_cost_ = cost_(best_g_, best_.count());
-      return status::success;
+  static bool worse(const candidate& a, const candidate& b) {  // min-heap order on (lb, g)
+    return a.lb > b.lb || (a.lb == b.lb && a.g > b.g);
+  }
+  //! Replaces a candidate's ceil(S/G) bound by the L2 bound. Returns true when the bound rose.
+  bool refine(candidate& c) const {
+    if (c.refined) return false;
+    c.refined = true;
+    const index_t b = bins_lower_bound(c.g);
+    if (b == c.bins) return false;
+    c.bins = b;
+    c.lb = cost_(c.g, b);
+    return true;
+  }
+  //! Index in `cands_` of the least candidate, refined: its bound is the least over all G (the
+  //! plan's lower bound). A single G is refined only when its cheap bound beats the least so far.
+  size_t least_candidate() {
+    constexpr size_t none = ~size_t{0};
+    size_t best = none;
+    for (size_t i = 0; i < cands_.size(); ++i)  // ranges are born refined
+      if (cands_[i].refined && (best == none || worse(cands_[best], cands_[i]))) best = i;
+    for (size_t i = 0; i < cands_.size(); ++i) {
+      if (cands_[i].refined || !(best == none || worse(cands_[best], cands_[i]))) continue;
+      refine(cands_[i]);
+      if (best == none || worse(cands_[best], cands_[i])) best = i;
     }
-    build_candidates();
-    auto worse = [](const candidate& a, const candidate& b) {  // min-heap on (lb, g)
-      return a.lb > b.lb || (a.lb == b.lb && a.g > b.g);
-    };
-    lower_bound_ = std::numeric_limits<double>::infinity();
-    for (const candidate& c : cands_) lower_bound_ = std::min(lower_bound_, c.lb);
-    std::make_heap(cands_.begin(), cands_.end(), worse);
-    best_cost_ = std::numeric_limits<double>::infinity();
-    best_g_ = 0;
-    exact_counts_.clear();
-    best_lazy_ = lazy_none;
-    const bool lazy = n_items() > opt.paper_dp_max_windows;
-    while (!cands_.empty()) {
-      std::pop_heap(cands_.begin(), cands_.end(), worse);
-      const candidate c = cands_.back();
-      cands_.pop_back();
-      if (c.lb >= best_cost_) break;  // every remaining candidate is at least as costly
-      // The exact group count is nonincreasing in G: a G'' >= G solved exactly bounds G too.
-      index_t bins = c.bins;
-      for (const auto& e : exact_counts_)
-        if (e.first >= c.g) bins = std::max(bins, e.second);
-      if (bins > c.bins) {
-        const double lb = cost_(c.g, bins);
-        if (lb >= best_cost_) {
-          if (c.g < c.last) {  // the rest of the range keeps its own (weaker) bound
-            cands_.push_back({cost_(c.g + 1, c.bins), c.g + 1, c.last, c.bins});
-            std::push_heap(cands_.begin(), cands_.end(), worse);
-          }
-          continue;
-        }
-      }
+    return best;
+  }
+
+  //! One step of the sweep: packs c.g unless a known exact count rules it out, keeps the best
+  //! plan, and returns true with `next` = the rest of c's range when there is one.
+  bool visit(const candidate& c, const planner_options& opt, bool lazy, candidate& next) {
+    // The exact group count is nonincreasing in G: a G'' >= G solved exactly bounds G too.
+    index_t bins = c.bins;
+    for (const auto& e : exact_counts_)
+      if (e.first >= c.g) bins = std::max(bins, e.second);
+    if (bins <= c.bins || cost_(c.g, bins) < best_cost_) {
       if (pack_fast(c.g, opt, bins, lazy)) exact_counts_.emplace_back(c.g, cur_count_);
       const double cost = cost_(c.g, cur_count_);
       if (cost < best_cost_ || (cost == best_cost_ && c.g < best_g_)) {
@@ -628,22 +802,81 @@ class planner {
         best_g_ = c.g;
         best_lazy_ = cur_lazy_;
         std::swap(best_, cur_);
+        if (cur_lazy_ == lazy_hdp) std::swap(hd_best_, hd_cur_);
       }
-      if (c.g < c.last) {  // next G of the range
-        const index_t g2 = c.g + 1;
-        cands_.push_back({cost_(g2, c.bins), g2, c.last, c.bins});
+    }
+    if (c.g >= c.last) return false;
+    // the rest of the range keeps the range's own (weaker) bound
+    next = {cost_(c.g + 1, c.bins), c.g + 1, c.last, c.bins, true};
+    return true;
+  }
+
+  status run_fast(const planner_options& opt) {
+    const bool lazy = n_items() > opt.paper_dp_max_windows;
+    best_holds_windows_ = false;
+    if (opt.group_size > 0) {
+      best_g_ = static_cast<index_t>(std::min<std::int64_t>(opt.group_size, total_));
+      pack_fast(best_g_, opt, bins_lower_bound(best_g_), lazy);
+      std::swap(best_, cur_);
+      std::swap(hd_best_, hd_cur_);
+      best_lazy_ = cur_lazy_;
+      finish_lazy();
+      best_cost_ = cost_(best_g_, best_.count());
+      return status::success;
+    }
+    build_candidates();
+    const size_t first = least_candidate();
+    lower_bound_ = cands_[first].lb;
+    best_cost_ = std::numeric_limits<double>::infinity();
+    best_g_ = 0;
+    exact_counts_.clear();
+    best_lazy_ = lazy_none;
+    // The most promising candidate first, outside the heap: its cost usually rules out nearly
+    // every other candidate, and only the survivors (bound below the incumbent) are heaped.
+    // The visiting order is the heap's order either way.
+    const candidate c0 = cands_[first];
+    cands_[first] = cands_.back();
+    cands_.pop_back();
+    candidate next;
+    if (visit(c0, opt, lazy, next)) cands_.push_back(next);
+    cands_.erase(std::remove_if(cands_.begin(), cands_.end(), [&](const candidate& c) { return c.lb >= best_cost_; }),
+                 cands_.end());
+    std::make_heap(cands_.begin(), cands_.end(), worse);
+    while (!cands_.empty()) {
+      std::pop_heap(cands_.begin(), cands_.end(), worse);
+      candidate c = cands_.back();
+      cands_.pop_back();
+      if (c.lb >= best_cost_) break;  // every remaining candidate is at least as costly
+      if (refine(c)) {  // its bound rose: back into the heap, in its new place
+        if (c.lb < best_cost_) {
+          cands_.push_back(c);
+          std::push_heap(cands_.begin(), cands_.end(), worse);
+        }
+        continue;
+      }
+      if (visit(c, opt, lazy, next)) {
+        cands_.push_back(next);
         std::push_heap(cands_.begin(), cands_.end(), worse);
       }
     }
-    if (best_lazy_ == lazy_hdp) histogram_dp(best_g_, &best_);
-    if (best_lazy_ == lazy_bfd) best_fit_decreasing(best_g_, best_);
+    finish_lazy();
     have_lower_bound_ = true;
     return status::success;
   }
 
+  //! Forms the groups of a plan that was only counted (large inputs): see pack_fast.
+  void finish_lazy() {
+    if (best_lazy_ == lazy_hdp) {
+      materialize<true>(hd_best_, best_);
+      best_holds_windows_ = true;
+    }
+    if (best_lazy_ == lazy_bfd) best_fit_decreasing(best_g_, best_);
+    best_lazy_ = lazy_none;
+  }
+
   void run_per_window() {
     best_.clear();
-    for (index_t i = 0; i < static_cast<index_t>(items_.size()); ++i) {
+    for (index_t i : input_order()) {
       best_.members.push_back(i);
       best_.close_group(items_[i].size);
     }
@@ -653,48 +886,81 @@ class planner {
 
   void run_single() {
     best_.clear();
-    for (index_t i = 0; i < static_cast<index_t>(items_.size()); ++i) best_.members.push_back(i);
+    const std::vector<index_t>& order = input_order();
+    best_.members.assign(order.begin(), order.end());
     best_.close_group(static_cast<index_t>(total_));
     best_g_ = static_cast<index_t>(total_);
     best_cost_ = cost_(best_g_, 1);
   }
 
-  //! Candidates of the sweep, into `cands_`: every G in [maxw, 2*maxw) on its own (L2 bound),
-  //! and above that one range per k = ceil(S/G) (bound cost(G, k), nondecreasing in G within the
+  //! Candidates of the sweep, into `cands_`: every G in [maxw, 2*maxw) on its own (bound
+  //! ceil(S/G), refined to L2 when it matters), and above that one range per k = ceil(S/G) (bound cost(G, k), nondecreasing in G within the
   //! range, so the range's first G carries its least bound).
   void build_candidates() {
-    cands_.clear();
     const std::int64_t S = total_;
     const std::int64_t split = std::min<std::int64_t>(2 * static_cast<std::int64_t>(maxw_), S + 1);
-    for (std::int64_t g = maxw_; g < split; ++g) {
-      const index_t b = bins_lower_bound(static_cast<index_t>(g));
-      cands_.push_back({cost_(static_cast<index_t>(g), b), static_cast<index_t>(g), static_cast<index_t>(g), b});
+    // ceil(S/k): S/k in double, truncated, then corrected by one multiplication: exact for
+    // S < 2^53, and unlike integer divisions these pipeline
+    const double Sd = static_cast<double>(S);
+    auto cdiv = [&](std::int64_t k) {
+      auto c = static_cast<std::int64_t>(Sd / static_cast<double>(k));
+      c += c * k < S;
+      return c;
+    };
+    const std::int64_t kmax = split > S ? 0 : cdiv(split);
+    // sized once and written in place (no push_back of temporaries)
+    cands_.resize(static_cast<size_t>(split - maxw_ + kmax));
+    candidate* out = cands_.data();
+    size_t n = 0;
+    for (std::int64_t g = maxw_; g < split; ++g) {  // L2 bounds come later, where they matter
+      candidate& c = out[n++];
+      c.bins = static_cast<index_t>(cdiv(g));
+      c.g = c.last = static_cast<index_t>(g);
+      c.lb = cost_(c.g, c.bins);
+      c.refined = false;
     }
-    for (std::int64_t lo = split; lo <= S;) {
-      const std::int64_t k = detail::ceil_div(S, lo);
-      const std::int64_t hi = k > 1 ? detail::ceil_div(S, k - 1) - 1 : S;  // last G with ceil(S/G) == k
-      cands_.push_back({cost_(static_cast<index_t>(lo), static_cast<index_t>(k)), static_cast<index_t>(lo),
-                        static_cast<index_t>(std::min(hi, S)), static_cast<index_t>(k)});
-      lo = std::min(hi, S) + 1;
+    // one range per k = ceil(S/G): G in [max(split, ceil(S/k)), ceil(S/(k-1)) - 1], skipped when
+    // empty
+    std::int64_t prev = S + 1;  // ceil(S / (k - 1)), with k = 1 taking G up to S
+    for (std::int64_t k = 1; k <= kmax; ++k) {
+      const std::int64_t ck = cdiv(k);
+      const std::int64_t lo = std::max(split, ck), hi = prev - 1;
+      prev = ck;
+      if (lo > hi) continue;
+      candidate& c = out[n++];
+      c.g = static_cast<index_t>(lo);
+      c.last = static_cast<index_t>(hi);
+      c.bins = static_cast<index_t>(k);
+      c.lb = cost_(c.g, c.bins);
+      c.refined = true;
     }
+    cands_.resize(n);
   }
+
 
   //! Lower bound on any plan's cost: min over G in [maxw, S] of cost(G, bins bound(G)).
   double global_lower_bound() {
     if (have_lower_bound_) return lower_bound_;
     build_candidates();
-    double lb = std::numeric_limits<double>::infinity();
-    for (const candidate& c : cands_) lb = std::min(lb, c.lb);
-    return lb;
+    return cands_[least_candidate()].lb;
   }
 
   void emit(strategy st, plan& out) {
     out.strat = st;
     out.group_size = best_g_;
-    out.group_offsets.assign(best_.offsets.begin(), best_.offsets.end());
-    out.windows.resize(best_.members.size());
-    for (size_t i = 0; i < best_.members.size(); ++i) out.windows[i] = items_[best_.members[i]].window;
-    out.fills.assign(best_.fills.begin(), best_.fills.end());
+    // swap, not copy: the plan's old buffers become scratch, so a reused plan allocates nothing
+    std::swap(out.group_offsets, best_.offsets);
+    std::swap(out.fills, best_.fills);
+    if (best_holds_windows_) {
+      std::swap(out.windows, best_.members);
+    } else {
+      out.windows.resize(best_.members.size());
+      const index_t* mem = best_.members.data();
+      index_t* win = out.windows.data();
+      const item* items = items_.data();
+      for (size_t i = 0, e = best_.members.size(); i < e; ++i) win[i] = items[mem[i]].window;
+    }
+    best_holds_windows_ = false;
     out.cost = best_cost_;
     out.lower_bound = global_lower_bound();
     have_lower_bound_ = false;
@@ -705,7 +971,12 @@ class planner {
   std::int64_t total_ = 0;
   index_t maxw_ = 0;
   std::vector<std::int64_t> cnt_le_, sum_le_;
-  std::vector<index_t> distinct_, by_size_, identity_, sort_next_;
+  std::vector<index_t> distinct_, sort_next_, input_order_, size_order_, order_tmp_;
+  std::vector<std::int32_t> hist4_;
+  std::vector<index_t> next4_;
+  size_t hist_cap_ = 0;
+  bool have_input_order_ = false;
+  bool best_holds_windows_ = false;  // best_.members are window indices (not item positions)
   // knapsack scratch
   std::vector<index_t> remaining_, phi_, chosen_, table_;
   std::vector<std::uint64_t> rows_;
@@ -715,8 +986,9 @@ class planner {
   std::vector<index_t> ex_radix_, ex_cnt_, ex_digit_, ex_next_, ex_seq_;
   std::vector<index_t> ex_bins_, ex_fill_, ex_choice_;
   std::vector<index_t> dfs_fill_, dfs_bin_;
-  std::vector<index_t> hd_cnt_, hd_take_, hd_next_, hd_used_;
-  std::vector<std::uint8_t> hd_reach_;
+  std::vector<index_t> hd_cnt_, hd_next_, hd_active_, hd_size_;
+  std::vector<std::uint64_t> hd_reach_;
+  hd_patterns hd_cur_, hd_best_;
   // sweep state
   std::vector<candidate> cands_;
   std::vector<std::pair<index_t, index_t>> exact_counts_;  // (G, exact minimum groups at G)
