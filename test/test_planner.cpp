@@ -340,6 +340,12 @@ TEST_CASE("a reused planner gives the same plans as one-shot planning") {
   for (int trial = 0; trial < 50; ++trial) {
     auto sizes = random_sizes(g, 1 + static_cast<int>(g.below(64)), 49, 0.3);
     if (*std::max_element(sizes.begin(), sizes.end()) == 0) sizes[0] = 1;
+    if (trial % 10 == 3) {  // a huge window in between: scratch grows, then must shrink back
+      const std::vector<index_t> huge = {1 << 20, 5, 0, 7};
+      plan h;
+      REQUIRE(reused.run(span<const index_t>(huge), planner_options{}, h) == status::success);
+      CHECK(validate_plan(span<const index_t>(huge), h) == status::success);
+    }
     plan a, b;
     REQUIRE(reused.run(span<const index_t>(sizes), planner_options{}, a) == status::success);
     REQUIRE(make_plan(span<const index_t>(sizes), planner_options{}, flops_cost{128}, b) == status::success);
@@ -456,4 +462,48 @@ TEST_CASE("per-sample batches with 14x14 windows (G > 64): valid, close to the b
   }
   MESSAGE("per-sample w14 gap " << 100 * (cost - bound) / bound << "%");
   CHECK(cost <= 1.01 * bound);
+}
+
+namespace {
+// The FLOPs model without `per_group`: the planner must list every range of large G eagerly.
+struct opaque_flops {
+  flops_cost inner;
+  double operator()(index_t g, index_t n) const { return inner(g, n); }
+};
+struct opaque_slots {  // padded slots: one group of all windows (G = S) is optimal, ties abound
+  double operator()(index_t g, index_t n) const { return slots_cost{}(g, n); }
+};
+}  // namespace
+
+TEST_CASE("ranges of large G listed on demand give the same plans and bounds as listed eagerly") {
+  static_assert(detail::has_per_group<flops_cost>::value && detail::has_per_group<slots_cost>::value, "");
+  static_assert(!detail::has_per_group<opaque_flops>::value, "");
+  rng g(14);
+  for (int trial = 0; trial < 400; ++trial) {
+    // few windows of mixed sizes, or many small ones (S / max w large: thousands of ranges)
+    const bool many = trial % 4 == 0;
+    const int n = many ? 300 + static_cast<int>(g.below(3000)) : 1 + static_cast<int>(g.below(40));
+    auto sizes = random_sizes(g, n, 1 + static_cast<int>(g.below(many ? 12 : 80)), 0.3);
+    if (*std::max_element(sizes.begin(), sizes.end()) == 0) sizes[0] = 1;
+    const index_t C = static_cast<index_t>(1 + g.below(trial % 3 == 0 ? 8 : 512));  // small C: large G can win
+    for (strategy st : {strategy::fast, strategy::paper, strategy::per_window}) {
+      if (st == strategy::paper && many) continue;
+      planner_options o;
+      o.strat = st;
+      plan a, b;
+      REQUIRE(make_plan(span<const index_t>(sizes), o, flops_cost{C}, a) == status::success);
+      REQUIRE(make_plan(span<const index_t>(sizes), o, opaque_flops{flops_cost{C}}, b) == status::success);
+      CHECK(a.group_size == b.group_size);
+      CHECK(a.cost == b.cost);
+      CHECK(a.lower_bound == b.lower_bound);
+      CHECK(a.windows == b.windows);
+      plan c, d;
+      REQUIRE(make_plan(span<const index_t>(sizes), o, slots_cost{}, c) == status::success);
+      REQUIRE(make_plan(span<const index_t>(sizes), o, opaque_slots{}, d) == status::success);
+      CHECK(c.group_size == d.group_size);
+      CHECK(c.cost == d.cost);
+      CHECK(c.lower_bound == d.lower_bound);
+      CHECK(c.windows == d.windows);
+    }
+  }
 }

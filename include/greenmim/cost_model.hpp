@@ -3,6 +3,12 @@
 //! `double operator()(index_t group_size, index_t num_groups) const` that is nondecreasing in
 //! both arguments (bigger or more groups never cost less); the planner's lower bounds and pruning
 //! rely on that. The default is the paper's FLOPs formula (Eq. 6).
+//!
+//! Optional: a model whose cost is `num_groups * per_group(group_size)` with per_group(G) / G
+//! nondecreasing in G (cost per padded slot never falls as groups grow) may expose
+//! `per_group(index_t)`. The planner then bounds every large G at once (S * per_group(G) / G) and
+//! lists those candidates only on demand, so a sweep no longer grows with sum(w) / max(w). Both
+//! models below qualify.
 #pragma once
 
 #include "config.hpp"
@@ -26,6 +32,7 @@ struct flops_cost {
 
 //! Counts padded slots only (`n_g * G`): the memory-traffic view of a plan.
 struct slots_cost {
+  GREENMIM_HOST_DEVICE constexpr double per_group(index_t group_size) const { return group_size; }
   GREENMIM_HOST_DEVICE constexpr double operator()(index_t group_size, index_t num_groups) const {
     return static_cast<double>(num_groups) * group_size;
   }

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -67,6 +68,12 @@ struct packing {
 };
 
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+//! Whether a cost model has the form n * per_group(G) (see cost_model.hpp).
+template <class C, class = void>
+struct has_per_group : std::false_type {};
+template <class C>
+struct has_per_group<C, std::void_t<decltype(std::declval<const C&>().per_group(index_t{}))>> : std::true_type {};
 
 }  // namespace detail
 
@@ -174,6 +181,12 @@ class planner {
     for (size_t v = cap; v-- > 1;)
       if (h[v] + h[cap + v] + h[2 * cap + v] + h[3 * cap + v]) { hi = static_cast<index_t>(v); break; }
     if (hi == 0) return status::empty_input;
+    {  // let the cap follow the sizes down too, with hysteresis (a huge window once should not
+       // make every later plan clear a huge histogram)
+      size_t want = 64;
+      while (want <= static_cast<size_t>(hi)) want *= 2;
+      if (want * 8 <= hist_cap_) hist_cap_ = want;
+    }
     const size_t w1 = static_cast<size_t>(hi) + 1;
     cnt_le_.resize(w1);
     sum_le_.resize(w1);
@@ -752,37 +765,92 @@ class planner {
     return static_cast<index_t>(bins);
   }
 
+  //! A sweep candidate: one G (`cheap`: bound from ceil(S/G), refined to L2 when it matters;
+  //! `exact`), a range [g, last] of G with one group-count bound (`exact`), or the generator of
+  //! the ranges not yet listed (`gen`: g = least G among them, bins = next k, lb = bound on all).
+  enum : std::uint8_t { cand_cheap, cand_exact, cand_gen };
   struct candidate {
     double lb;
     index_t g;
     index_t last;  // last G of the range this candidate walks (== g for a single G)
-    index_t bins;  // group-count lower bound on the whole range
-    bool refined;  // bins is the L2 bound (else the cheaper ceil(S/G), refined when needed)
+    index_t bins;  // group-count lower bound on the whole range (gen: the next k)
+    std::uint8_t kind;
   };
   static bool worse(const candidate& a, const candidate& b) {  // min-heap order on (lb, g)
     return a.lb > b.lb || (a.lb == b.lb && a.g > b.g);
   }
   //! Replaces a candidate's ceil(S/G) bound by the L2 bound. Returns true when the bound rose.
   bool refine(candidate& c) const {
-    if (c.refined) return false;
-    c.refined = true;
+    if (c.kind != cand_cheap) return false;
+    c.kind = cand_exact;
     const index_t b = bins_lower_bound(c.g);
     if (b == c.bins) return false;
     c.bins = b;
     c.lb = cost_(c.g, b);
     return true;
   }
-  //! Index in `cands_` of the least candidate, refined: its bound is the least over all G (the
-  //! plan's lower bound). A single G is refined only when its cheap bound beats the least so far.
+  //! ceil(S/k): S/k in double, truncated, then corrected by one multiplication (exact for
+  //! S < 2^53; unlike integer divisions these pipeline).
+  std::int64_t ceil_s_over(std::int64_t k) const {
+    auto c = static_cast<std::int64_t>(static_cast<double>(total_) / static_cast<double>(k));
+    c += c * k < total_;
+    return c;
+  }
+  //! Bound on cost(G', k') over every range not yet listed (G' >= g, k' = ceil(S/G')): for a cost
+  //! n * per_group(G) with per_group(G)/G nondecreasing, k' * per_group(G') >= S * per_group(g)/g.
+  //! Shaded by 1e-12 so rounding never lifts it above a range's own bound.
+  double gen_bound(index_t g) const {
+    if constexpr (detail::has_per_group<CostModel>::value)
+      return static_cast<double>(total_) * static_cast<double>(cost_.per_group(g)) / static_cast<double>(g) *
+             (1.0 - 1e-12);
+    else
+      return 0.0;
+  }
+  //! Lists the generator's next nonempty range into `r` (false when none is left) and advances
+  //! the generator; an exhausted generator gets an infinite bound.
+  bool next_range(candidate& gen, candidate& r) const {
+    for (std::int64_t k = gen.bins; k >= 1; --k) {
+      const std::int64_t lo = std::max(split_, ceil_s_over(k));
+      const std::int64_t hi = k > 1 ? ceil_s_over(k - 1) - 1 : total_;
+      if (lo > hi) continue;
+      r = {cost_(static_cast<index_t>(lo), static_cast<index_t>(k)), static_cast<index_t>(lo), static_cast<index_t>(hi),
+           static_cast<index_t>(k), cand_exact};
+      gen.bins = static_cast<index_t>(k - 1);
+      if (k > 1) {
+        gen.g = static_cast<index_t>(hi + 1);
+        gen.lb = gen_bound(gen.g);
+      } else {
+        gen.lb = std::numeric_limits<double>::infinity();
+      }
+      return true;
+    }
+    gen.bins = 0;
+    gen.lb = std::numeric_limits<double>::infinity();
+    return false;
+  }
+  //! Index in `cands_` of the least candidate, exact: its bound is the least over all G (the
+  //! plan's lower bound). A single G is refined, and the generator lists ranges, only while its
+  //! bound beats the least so far.
   size_t least_candidate() {
     constexpr size_t none = ~size_t{0};
-    size_t best = none;
-    for (size_t i = 0; i < cands_.size(); ++i)  // ranges are born refined
-      if (cands_[i].refined && (best == none || worse(cands_[best], cands_[i]))) best = i;
+    size_t best = none, gen = none;
+    auto beats = [&](const candidate& c) { return best == none || worse(cands_[best], c); };
     for (size_t i = 0; i < cands_.size(); ++i) {
-      if (cands_[i].refined || !(best == none || worse(cands_[best], cands_[i]))) continue;
+      if (cands_[i].kind == cand_gen) gen = i;
+      else if (cands_[i].kind == cand_exact && beats(cands_[i])) best = i;
+    }
+    if (gen != none) {
+      candidate r;
+      while (cands_[gen].bins >= 1 && beats(cands_[gen])) {
+        if (!next_range(cands_[gen], r)) break;
+        cands_.push_back(r);
+        if (beats(r)) best = cands_.size() - 1;
+      }
+    }
+    for (size_t i = 0; i < cands_.size(); ++i) {
+      if (cands_[i].kind != cand_cheap || !beats(cands_[i])) continue;
       refine(cands_[i]);
-      if (best == none || worse(cands_[best], cands_[i])) best = i;
+      if (beats(cands_[i])) best = i;
     }
     return best;
   }
@@ -807,7 +875,7 @@ class planner {
     }
     if (c.g >= c.last) return false;
     // the rest of the range keeps the range's own (weaker) bound
-    next = {cost_(c.g + 1, c.bins), c.g + 1, c.last, c.bins, true};
+    next = {cost_(c.g + 1, c.bins), c.g + 1, c.last, c.bins, cand_exact};
     return true;
   }
 
@@ -847,6 +915,18 @@ class planner {
       candidate c = cands_.back();
       cands_.pop_back();
       if (c.lb >= best_cost_) break;  // every remaining candidate is at least as costly
+      if (c.kind == cand_gen) {  // list the next range; the generator goes back with its new bound
+        candidate r;
+        if (next_range(c, r) && r.lb < best_cost_) {
+          cands_.push_back(r);
+          std::push_heap(cands_.begin(), cands_.end(), worse);
+        }
+        if (c.lb < best_cost_) {
+          cands_.push_back(c);
+          std::push_heap(cands_.begin(), cands_.end(), worse);
+        }
+        continue;
+      }
       if (refine(c)) {  // its bound rose: back into the heap, in its new place
         if (c.lb < best_cost_) {
           cands_.push_back(c);
@@ -898,44 +978,35 @@ class planner {
   //! range, so the range's first G carries its least bound).
   void build_candidates() {
     const std::int64_t S = total_;
-    const std::int64_t split = std::min<std::int64_t>(2 * static_cast<std::int64_t>(maxw_), S + 1);
-    // ceil(S/k): S/k in double, truncated, then corrected by one multiplication: exact for
-    // S < 2^53, and unlike integer divisions these pipeline
-    const double Sd = static_cast<double>(S);
-    auto cdiv = [&](std::int64_t k) {
-      auto c = static_cast<std::int64_t>(Sd / static_cast<double>(k));
-      c += c * k < S;
-      return c;
-    };
-    const std::int64_t kmax = split > S ? 0 : cdiv(split);
+    split_ = std::min<std::int64_t>(2 * static_cast<std::int64_t>(maxw_), S + 1);
+    const std::int64_t kmax = split_ > S ? 0 : ceil_s_over(split_);
+    constexpr bool lazy_ranges = detail::has_per_group<CostModel>::value;
     // sized once and written in place (no push_back of temporaries)
-    cands_.resize(static_cast<size_t>(split - maxw_ + kmax));
+    cands_.resize(static_cast<size_t>(split_ - maxw_ + (lazy_ranges ? 1 : kmax)));
     candidate* out = cands_.data();
     size_t n = 0;
-    for (std::int64_t g = maxw_; g < split; ++g) {  // L2 bounds come later, where they matter
+    for (std::int64_t g = maxw_; g < split_; ++g) {  // L2 bounds come later, where they matter
       candidate& c = out[n++];
-      c.bins = static_cast<index_t>(cdiv(g));
+      c.bins = static_cast<index_t>(ceil_s_over(g));
       c.g = c.last = static_cast<index_t>(g);
       c.lb = cost_(c.g, c.bins);
-      c.refined = false;
+      c.kind = cand_cheap;
     }
     // one range per k = ceil(S/G): G in [max(split, ceil(S/k)), ceil(S/(k-1)) - 1], skipped when
-    // empty
-    std::int64_t prev = S + 1;  // ceil(S / (k - 1)), with k = 1 taking G up to S
-    for (std::int64_t k = 1; k <= kmax; ++k) {
-      const std::int64_t ck = cdiv(k);
-      const std::int64_t lo = std::max(split, ck), hi = prev - 1;
-      prev = ck;
-      if (lo > hi) continue;
-      candidate& c = out[n++];
-      c.g = static_cast<index_t>(lo);
-      c.last = static_cast<index_t>(hi);
-      c.bins = static_cast<index_t>(k);
-      c.lb = cost_(c.g, c.bins);
-      c.refined = true;
+    // empty; listed on demand by a generator when the cost model allows a bound on the unlisted
+    if (kmax > 0) {
+      candidate gen{gen_bound(static_cast<index_t>(split_)), static_cast<index_t>(split_), 0,
+                    static_cast<index_t>(kmax), cand_gen};
+      if (lazy_ranges) {
+        out[n++] = gen;
+      } else {
+        candidate r;
+        while (next_range(gen, r)) out[n++] = r;
+      }
     }
     cands_.resize(n);
   }
+
 
 
   //! Lower bound on any plan's cost: min over G in [maxw, S] of cost(G, bins bound(G)).
@@ -991,6 +1062,7 @@ class planner {
   hd_patterns hd_cur_, hd_best_;
   // sweep state
   std::vector<candidate> cands_;
+  std::int64_t split_ = 0;  // first G covered by ranges (2 * max w, or S + 1)
   std::vector<std::pair<index_t, index_t>> exact_counts_;  // (G, exact minimum groups at G)
   detail::packing best_, cur_, alt_;
   index_t best_g_ = 0, cur_count_ = 0;
