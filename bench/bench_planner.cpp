@@ -92,7 +92,7 @@ const int kRegistered = [] {
     benchmark::RegisterBenchmark(("plan_fast" + suffix + "_shifted").c_str(), [=](benchmark::State& s) { run_plans(s, *shifted, fast, C); })
         ->Unit(benchmark::kMicrosecond);
   }
-  auto b256 = std::make_shared<std::vector<std::vector<index_t>>>(batch_sizes(0, 256, 8));
+  auto b256 = std::make_shared<std::vector<std::vector<index_t>>>(batch_sizes(0, 256, 32));
   benchmark::RegisterBenchmark("plan_fast/per_sample_b256", [=](benchmark::State& s) {
     run_plans(s, *b256, planner_options{}, m.channels[0]);
   })->Unit(benchmark::kMicrosecond);
