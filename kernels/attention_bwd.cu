@@ -52,6 +52,18 @@ constexpr std::size_t ws_align = 256;
 //! Dynamic shared memory the backward may ask for: fits the opt-in limit of sm_80 (163 KB) and
 //! sm_90 (227 KB).
 constexpr std::size_t max_smem_bytes = 160u * 1024u;
+
+//! The current device's opt-in shared memory per block, or 0 when no device can be asked (the
+//! failed query's error is cleared, so it does not surface at a later cudaGetLastError).
+inline std::size_t device_smem_optin() {
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return static_cast<std::size_t>(optin);
+}
 inline std::size_t align_up(std::size_t n) { return (n + ws_align - 1) / ws_align * ws_align; }
 
 struct bwd_layout {
@@ -100,6 +112,10 @@ cudaError_t check_bwd(const gm_attention_bwd_args* a, attn_dims& d, bwd_layout& 
     const std::size_t smem = d.D == 32 ? simt_smem<32>::bwd_dq(a->part.group_size, d.bias_rows)
                                        : simt_smem<64>::bwd_dq(a->part.group_size, d.bias_rows);
     GM_REFUSE_IF(smem > max_smem_bytes, "window too large for d_bias_table at this head_dim (shared memory)");
+    // the current device's own limit (sm_86/89 opt in to ~99 KB, not 227 KB); without a device
+    // to ask, the launch checks again
+    const std::size_t optin = smem > 48u * 1024u ? device_smem_optin() : 0;
+    GM_REFUSE_IF(optin > 0 && smem > optin, "window too large for d_bias_table on this device (shared memory per block)");
   }
   // workspace
   const std::int64_t slots = static_cast<std::int64_t>(a->part.group_size) * a->part.num_groups;

@@ -135,10 +135,11 @@ extern "C" cudaError_t gm_token_windows(const int32_t* d_positions, const int32_
     GM_REFUSE_IF(nw > 0x7fffffff, "num_masks * num_windows overflows int32");
     GM_REFUSE_IF(static_cast<std::int64_t>(num_masks) * g.height * g.width > 0x7fffffff, "positions overflow int32");
     GM_REFUSE_IF(nw > 0 && d_window_sizes == nullptr, "d_window_sizes is null");
+    GM_REFUSE_IF(capacity > 0 && (d_positions == nullptr || d_num_positions == nullptr || d_coords == nullptr ||
+                                  d_token_window == nullptr),
+                 "null device pointer");  // every refusal before any work is queued
     if (nw > 0) GM_TRY(cudaMemsetAsync(d_window_sizes, 0, static_cast<std::size_t>(nw) * sizeof(index_t), stream));
     if (capacity == 0) return cudaSuccess;
-    GM_REFUSE_IF(d_positions == nullptr || d_num_positions == nullptr || d_coords == nullptr || d_token_window == nullptr,
-                 "null device pointer");
     token_windows_kernel<<<blocks_for(capacity), 256, 0, stream>>>(d_positions, d_num_positions, capacity, num_masks, g,
                                                                   d_coords, d_token_window, d_window_sizes);
     return cudaGetLastError();
@@ -165,7 +166,11 @@ extern "C" cudaError_t gm_build_partition(void* d_temp_storage, size_t* temp_sto
     std::size_t scan_bytes = 0, sort_bytes = 0;
     GM_TRY(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, d_window_sizes, static_cast<index_t*>(nullptr),
                                          num_windows, stream));
-    GM_TRY(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, d_token_window, static_cast<index_t*>(nullptr),
+    // Keys sorted as UNSIGNED: a token outside every window (id -1, or any negative id) sorts after
+    // all real windows, so it cannot shift the ranks that window_offsets (the scan of the window
+    // sizes, which never count it) assign to real tokens.
+    const auto* keys_in = reinterpret_cast<const std::uint32_t*>(d_token_window);
+    GM_TRY(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys_in, static_cast<std::uint32_t*>(nullptr),
                                            static_cast<const index_t*>(nullptr), static_cast<index_t*>(nullptr),
                                            num_tokens, 0, 32, stream));
     const std::size_t off_bytes = align_up(static_cast<std::size_t>(num_windows) * sizeof(index_t) + 1);
@@ -201,8 +206,8 @@ extern "C" cudaError_t gm_build_partition(void* d_temp_storage, size_t* temp_sto
     iota_kernel<<<blocks_for(num_tokens), 256, 0, stream>>>(vals_in, num_tokens);
     GM_TRY(cudaGetLastError());
     bytes = sort_bytes;
-    GM_TRY(cub::DeviceRadixSort::SortPairs(cub_tmp, bytes, d_token_window, keys_out, vals_in, vals_out, num_tokens, 0,
-                                           32, stream));
+    GM_TRY(cub::DeviceRadixSort::SortPairs(cub_tmp, bytes, keys_in, reinterpret_cast<std::uint32_t*>(keys_out), vals_in,
+                                           vals_out, num_tokens, 0, 32, stream));
     GM_TRY(cudaGetLastError());
     place_tokens_kernel<<<blocks_for(num_tokens), 256, 0, stream>>>(
         keys_out, vals_out, offsets, d_coords, d_window_group, d_window_slot_offset, num_tokens, num_windows, group_size,

@@ -241,6 +241,12 @@ TEST_CASE("kernels ABI: index building refuses bad arguments") {
   CHECK(gm_select_visible(nullptr, &bytes, nullptr, -1, 7, 7, nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
   const gm_window_geometry bad_geom{56, 56, 7, 7};  // shift must be < window
   CHECK(gm_token_windows(nullptr, nullptr, 10, 1, bad_geom, nullptr, nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
+  // null token arrays are refused before anything is queued (no memset of the sizes first): with
+  // a bogus, never-dereferenced sizes pointer the answer is the refusal, not a CUDA error
+  const gm_window_geometry geom{56, 56, 7, 0};
+  auto* bogus = reinterpret_cast<int32_t*>(std::uintptr_t{0x1000});
+  CHECK(gm_token_windows(bogus, bogus, 10, 1, geom, nullptr, bogus, bogus, nullptr) == cudaErrorInvalidValue);
+  CHECK(std::string(gm_last_refusal()).find("null") != std::string::npos);
   CHECK(gm_build_partition(nullptr, nullptr, nullptr, nullptr, 0, nullptr, 0, nullptr, nullptr, 49, 1, nullptr, nullptr,
                            nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
   CHECK(gm_build_partition(nullptr, &bytes, nullptr, nullptr, 0, nullptr, 0, nullptr, nullptr, 0, 1, nullptr, nullptr,

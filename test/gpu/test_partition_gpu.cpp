@@ -151,6 +151,42 @@ void check_index_building(const std::vector<std::uint8_t>& mask, index_t num_mas
   CHECK(scatter.download() == host.scatter);
   CHECK(slot_window.download() == host.slot_window);
   CHECK(slot_coord.download() == host.slot_coord);
+
+  // Tokens in no window (id -1, e.g. from a position outside the grid) interleaved with the real
+  // ones: they must be left out (scatter = pad) without moving any real token.
+  if (n == 0) return;
+  std::vector<index_t> win = dwin.download(), crd = got_coords;
+  win.resize(static_cast<std::size_t>(n));
+  std::vector<index_t> win2, crd2, new_of_old(static_cast<std::size_t>(n));
+  for (index_t t = 0; t < n; ++t) {
+    if (t % 3 == 0) {  // an outsider before every third real token
+      win2.push_back(-1);
+      crd2.push_back(0);
+    }
+    new_of_old[static_cast<std::size_t>(t)] = static_cast<index_t>(win2.size());
+    win2.push_back(win[static_cast<std::size_t>(t)]);
+    crd2.push_back(crd[static_cast<std::size_t>(t)]);
+  }
+  const index_t n2 = static_cast<index_t>(win2.size());
+  std::vector<index_t> want_gather = host.gather, want_scatter(static_cast<std::size_t>(n2), greenmim::pad_index);
+  for (index_t& t : want_gather)
+    if (t >= 0) t = new_of_old[static_cast<std::size_t>(t)];
+  for (index_t t = 0; t < n; ++t) want_scatter[new_of_old[static_cast<std::size_t>(t)]] = host.scatter[static_cast<std::size_t>(t)];
+  dbuf<index_t> dwin2 = to_device(win2), dcrd2 = to_device(crd2), scatter2(static_cast<std::size_t>(n2));
+  scatter2.fill_bytes(0x55);
+  gather.fill_bytes(0x55);
+  std::size_t bytes2 = 0;
+  GM_CHECK_CUDA(gm_build_partition(nullptr, &bytes2, dcrd2.p, dwin2.p, n2, dsizes.p, nw, dgroup.p, doff.p,
+                                   host.group_size, host.num_groups, gather.p, scatter2.p, slot_window.p, slot_coord.p,
+                                   nullptr));
+  dbuf<unsigned char> btmp2(bytes2);
+  GM_CHECK_CUDA(gm_build_partition(btmp2.p, &bytes2, dcrd2.p, dwin2.p, n2, dsizes.p, nw, dgroup.p, doff.p,
+                                   host.group_size, host.num_groups, gather.p, scatter2.p, slot_window.p, slot_coord.p,
+                                   nullptr));
+  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK(gather.download() == want_gather);
+  CHECK(scatter2.download() == want_scatter);
+  CHECK(slot_window.download() == host.slot_window);
 }
 
 }  // namespace
