@@ -154,13 +154,13 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_fwd_simt(cons
       if (att) {
         const float sc = d + pair_bias(p.bias.data, p.bias.s0, p.bias.s1, p.bias.rows, h, my_crd, crd[x], p.window);
         if (sc > m) {  // false for NaN: a NaN score then poisons l and acc below, as it must
-          const float c = __expf(m - sc);
+          const float c = softmax_exp<T>(m - sc);
           l *= c;
 #pragma unroll
           for (int e = 0; e < E; ++e) acc[e] *= c;
           m = sc;
         }
-        const float pr = sc == -INFINITY ? 0.f : __expf(sc - m);
+        const float pr = sc == -INFINITY ? 0.f : softmax_exp<T>(sc - m);
         l += pr;
         float vr[E];
         smem_load16(vs + (x - k0) * LD + j * E, vr);
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_bwd_dq_simt(c
           bucket = pair_bucket(my_crd, crd[x], p.window, rows);
           bias = bucket >= 0 ? __ldg(p.bias.data + bucket * p.bias.s0 + h * p.bias.s1) : __int_as_float(0x7fc00000);
         }
-        const float pr = __expf(d1 + bias - lse_a);
+        const float pr = softmax_exp<T>(d1 + bias - lse_a);
         const float ds = pr * (d2 - delta_a);
 #pragma unroll
         for (int e = 0; e < E; ++e) dq[e] = fmaf(ds, kr[e], dq[e]);
@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_bwd_dkdv_simt
       d2 = team_sum<TEAM>(d2);
       if (att) {
         const float sc = d1 + pair_bias(p.bias.data, p.bias.s0, p.bias.s1, p.bias.rows, h, crd[a], my_crd, p.window);
-        const float pr = __expf(sc - lse_s[a - a0]);
+        const float pr = softmax_exp<T>(sc - lse_s[a - a0]);
         const float ds = pr * (d2 - delta_s[a - a0]);
 #pragma unroll
         for (int e = 0; e < E; ++e) {

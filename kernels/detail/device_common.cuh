@@ -22,6 +22,15 @@ namespace cuda {
 constexpr unsigned full_mask = 0xffffffffu;
 
 // ---- element conversions --------------------------------------------------------------------
+//! exp for softmax in element type T: the accurate expf for fp32 (fp32 promises 1e-5 against the
+//! reference, and __expf's 2 + 1.17|x| ulp would spend much of that margin before the backward's
+//! cancellations), the fast __expf for fp16/bf16, whose storage rounding dwarfs it. The forward's
+//! lse and the backward's recomputed P use the same one.
+template <class T>
+__device__ __forceinline__ float softmax_exp(float x) { return __expf(x); }
+template <>
+__device__ __forceinline__ float softmax_exp<float>(float x) { return expf(x); }
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
