@@ -13,31 +13,11 @@
 #include <greenmim/partition.hpp>
 #include <greenmim/plan.hpp>
 
+#include "random_plan.hpp"
+
 using namespace greenmim;
 
 namespace {
-
-// A random valid plan: the non-empty windows shuffled and cut into consecutive groups of 1 to 4
-// windows; G = largest fill + a random slack in [0, 3].
-plan random_plan_m(const std::vector<index_t>& sizes, rng& r) {
-  std::vector<index_t> ids;
-  for (index_t i = 0; i < static_cast<index_t>(sizes.size()); ++i)
-    if (sizes[i] > 0) ids.push_back(i);
-  for (size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[r.below(i)]);
-  plan p;
-  p.clear();
-  index_t G = 1;
-  for (size_t i = 0; i < ids.size();) {
-    const size_t n = std::min<size_t>(1 + r.below(4), ids.size() - i);
-    index_t fill = 0;
-    for (size_t k = 0; k < n; ++k, ++i) { p.windows.push_back(ids[i]); fill += sizes[ids[i]]; }
-    p.group_offsets.push_back(static_cast<index_t>(p.windows.size()));
-    p.fills.push_back(fill);
-    G = std::max(G, fill);
-  }
-  p.group_size = G + static_cast<index_t>(r.below(4));
-  return p;
-}
 
 std::vector<index_t> coords_m(double ratio, std::uint64_t seed, index_t grid, std::uint64_t stream = 0) {
   mask_config cfg;
@@ -70,7 +50,7 @@ grouped make_grouped(index_t grid, index_t p, bool shifted, double ratio, std::u
     }
     check(build_windows_per_sample(g, span<const index_t>(cu), span<const index_t>(c), out.list));
   }
-  check(build_partition(random_plan_m(out.list.sizes(), r), out.list, out.pi));
+  check(build_partition(test::random_plan(out.list.sizes(), r), out.list, out.pi));
   return out;
 }
 

@@ -19,34 +19,11 @@
 #include <greenmim/plan.hpp>
 #include <greenmim/windows.hpp>
 
+#include "random_plan.hpp"
+
 using namespace greenmim;
 
 namespace {
-
-// A random valid plan: the non-empty windows of `sizes`, shuffled, dealt into a random number of
-// groups in random order; G = largest fill + a random slack in [0, 4].
-plan random_plan(const std::vector<index_t>& sizes, rng& r) {
-  std::vector<index_t> ids;
-  for (index_t i = 0; i < static_cast<index_t>(sizes.size()); ++i)
-    if (sizes[i] > 0) ids.push_back(i);
-  for (size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[r.below(i)]);
-  plan p;
-  p.clear();
-  if (ids.empty()) { p.group_size = 1 + static_cast<index_t>(r.below(4)); return p; }
-  const size_t ng = 1 + r.below(ids.size());
-  std::vector<std::vector<index_t>> groups(ng);
-  for (size_t i = 0; i < ids.size(); ++i) groups[i < ng ? i : r.below(ng)].push_back(ids[i]);
-  index_t G = 0;
-  for (auto& grp : groups) {
-    index_t fill = 0;
-    for (index_t w : grp) { p.windows.push_back(w); fill += sizes[w]; }
-    p.group_offsets.push_back(static_cast<index_t>(p.windows.size()));
-    p.fills.push_back(fill);
-    G = std::max(G, fill);
-  }
-  p.group_size = G + static_cast<index_t>(r.below(5));
-  return p;
-}
 
 // One window per group, G = max size (the classic per-window layout).
 plan per_window_plan(const std::vector<index_t>& sizes) {
@@ -240,7 +217,7 @@ TEST_CASE("random plans: layout, inverse permutations, round trip bit-exact (sha
             REQUIRE(build_windows(g, span<const index_t>(coords), l) == status::success);
             const auto sizes = l.sizes();
             for (int rep = 0; rep < 2; ++rep) {
-              const plan pl = rep == 0 ? random_plan(sizes, r) : per_window_plan(sizes);
+              const plan pl = rep == 0 ? test::random_plan(sizes, r) : per_window_plan(sizes);
               REQUIRE(validate_plan(span<const index_t>(sizes), pl) == status::success);
               partition_indices pi;
               REQUIRE(build_partition(pl, l, pi) == status::success);
@@ -256,7 +233,7 @@ TEST_CASE("round trip through strided (non-contiguous) views") {
   const auto coords = mask_coords(0.75, 99, 28);
   window_list l;
   REQUIRE(build_windows(g, span<const index_t>(coords), l) == status::success);
-  const plan pl = random_plan(l.sizes(), r);
+  const plan pl = test::random_plan(l.sizes(), r);
   partition_indices pi;
   REQUIRE(build_partition(pl, l, pi) == status::success);
   const index_t B = 3, C = 5, N = pi.num_tokens, S = pi.num_slots();
@@ -305,7 +282,7 @@ TEST_CASE("per-sample flat layout: random masks and arbitrary keep sets") {
                 g, span<const index_t>(coords.data() + cu[b], cu[b + 1] - cu[b]));
             for (index_t i = 0; i < g.num_windows(); ++i) CHECK(l.size(b * g.num_windows() + i) == sb[i]);
           }
-          const plan pl = random_plan(l.sizes(), r);
+          const plan pl = test::random_plan(l.sizes(), r);
           partition_indices pi;
           REQUIRE(build_partition(pl, l, pi) == status::success);
           check_partition(pi, pl, l);
@@ -543,7 +520,7 @@ TEST_CASE("partition_tokens / unpartition_tokens refuse bad shapes and bad indic
   const auto coords = mask_coords(0.5, 21, 14);
   window_list l;
   REQUIRE(build_windows(g, span<const index_t>(coords), l) == status::success);
-  const plan pl = random_plan(l.sizes(), r);
+  const plan pl = test::random_plan(l.sizes(), r);
   partition_indices pi;
   REQUIRE(build_partition(pl, l, pi) == status::success);
   REQUIRE(pi.num_slots() > pi.num_tokens);  // random slack is drawn; make sure there is padding
