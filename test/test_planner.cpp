@@ -186,7 +186,7 @@ TEST_CASE("every strategy yields a valid plan with cost >= lower bound; fast <= 
     auto sizes = random_sizes(g, n, 1 + static_cast<int>(g.below(60)), 0.3);
     if (*std::max_element(sizes.begin(), sizes.end()) == 0) sizes[g.below(sizes.size())] = 1;
     const flops_cost cost{static_cast<index_t>(16 + g.below(512))};
-    double paper_cost = 0, fast_cost = 0;
+    double paper_cost = 0, fast_cost = 0, fast_bound = 0, least_cost = 1e300;
     for (strategy s : all) {
       plan p;
       planner_options o;
@@ -197,9 +197,11 @@ TEST_CASE("every strategy yields a valid plan with cost >= lower bound; fast <= 
       CHECK(p.cost >= p.lower_bound);
       CHECK(p.lower_bound > 0);
       if (s == strategy::paper) paper_cost = p.cost;
-      if (s == strategy::fast) fast_cost = p.cost;
+      if (s == strategy::fast) fast_cost = p.cost, fast_bound = p.lower_bound;
+      least_cost = std::min(least_cost, p.cost);
     }
     CHECK(fast_cost <= paper_cost);
+    CHECK(fast_bound <= least_cost * (1 + 1e-12));  // fast's a-posteriori bound holds for every plan
   }
 }
 
@@ -211,7 +213,10 @@ TEST_CASE("fast is exactly optimal over all G for few windows (brute force)") {
     const flops_cost cost{static_cast<index_t>(8 + g.below(256))};
     plan p;
     REQUIRE(make_plan(span<const index_t>(sizes), planner_options{}, cost, p) == status::success);
-    CHECK(p.cost == doctest::Approx(brute_optimum(sizes, cost)).epsilon(1e-12));
+    const double opt = brute_optimum(sizes, cost);
+    CHECK(p.cost == doctest::Approx(opt).epsilon(1e-12));
+    CHECK(p.lower_bound <= opt * (1 + 1e-12));  // a bound, never above the optimum
+    CHECK(p.lower_bound == doctest::Approx(opt).epsilon(1e-12));  // exact sweep: the bound is tight
   }
 }
 

@@ -863,7 +863,10 @@ class planner {
     for (const auto& e : exact_counts_)
       if (e.first >= c.g) bins = std::max(bins, e.second);
     if (bins <= c.bins || cost_(c.g, bins) < best_cost_) {
-      if (pack_fast(c.g, opt, bins, lazy)) exact_counts_.emplace_back(c.g, cur_count_);
+      if (pack_fast(c.g, opt, bins, lazy))
+        exact_counts_.emplace_back(c.g, cur_count_);
+      else  // not proven optimal at this G: only the bound holds for it
+        unproven_lb_ = std::min(unproven_lb_, cost_(c.g, bins));
       const double cost = cost_(c.g, cur_count_);
       if (cost < best_cost_ || (cost == best_cost_ && c.g < best_g_)) {
         best_cost_ = cost;
@@ -895,6 +898,7 @@ class planner {
     build_candidates();
     const size_t first = least_candidate();
     lower_bound_ = cands_[first].lb;
+    unproven_lb_ = std::numeric_limits<double>::infinity();
     best_cost_ = std::numeric_limits<double>::infinity();
     best_g_ = 0;
     exact_counts_.clear();
@@ -940,6 +944,11 @@ class planner {
       }
     }
     finish_lazy();
+    // A posteriori bound: every G was packed optimally (proven), packed with only its bound
+    // proven (unproven_lb_), or never packed because its bound reached the best cost. So no plan
+    // costs less than min(best cost, unproven_lb_); this is at least the a-priori bound, and
+    // equals the best cost (gap 0) when every packed G was proven.
+    lower_bound_ = std::max(lower_bound_, std::min(best_cost_, unproven_lb_));
     have_lower_bound_ = true;
     return status::success;
   }
@@ -1071,6 +1080,7 @@ class planner {
   std::vector<std::int64_t> bc_;
   double best_cost_ = 0;
   double lower_bound_ = 0;
+  double unproven_lb_ = 0;  // least bound over the G packed without a proof of optimality
   bool have_lower_bound_ = false;
 };
 
