@@ -502,3 +502,28 @@ TEST_CASE("ranges of large G listed on demand give the same plans and bounds as 
     }
   }
 }
+
+TEST_CASE("the bounded search for fewer groups never makes a plan costlier, and its proofs hold") {
+  rng g(15);
+  int improved = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    const int n = 17 + static_cast<int>(g.below(100));  // above the exact-search size
+    auto sizes = random_sizes(g, n, 1 + static_cast<int>(g.below(49)), 0.2);
+    if (*std::max_element(sizes.begin(), sizes.end()) == 0) sizes[0] = 3;
+    const flops_cost cost{static_cast<index_t>(16 + g.below(256))};
+    planner_options off;
+    off.search_budget = 0;
+    plan with, without, paper;
+    REQUIRE(make_plan(span<const index_t>(sizes), planner_options{}, cost, with) == status::success);
+    REQUIRE(make_plan(span<const index_t>(sizes), off, cost, without) == status::success);
+    planner_options po;
+    po.strat = strategy::paper;
+    REQUIRE(make_plan(span<const index_t>(sizes), po, cost, paper) == status::success);
+    CHECK(validate_plan(span<const index_t>(sizes), with) == status::success);
+    CHECK(with.cost <= without.cost);
+    CHECK(with.lower_bound <= std::min(without.cost, paper.cost) * (1 + 1e-12));  // a bound on every plan
+    CHECK(without.lower_bound <= with.cost * (1 + 1e-12));
+    improved += with.cost < without.cost;
+  }
+  MESSAGE("the search found a cheaper plan in " << improved << " of 150 cases");
+}

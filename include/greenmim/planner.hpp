@@ -11,8 +11,10 @@
 //!    the bound reaches the incumbent; per G the best of several packers (subset-sum DP on the
 //!    size histogram, largest sizes first; best-fit decreasing on the histogram; the paper's DP in
 //!    input order; and exact search when there are <= 16 windows), stopping at the first packer
-//!    that meets the bound. Never costlier than `paper`
-//!    (for <= `paper_dp_max_windows` = 256 windows), exact over all G for <= 16 windows.
+//!    that meets the bound, then a bounded search for one group fewer that improves the packing
+//!    or proves it optimal. Never costlier than `paper` (for <= `paper_dp_max_windows` = 256
+//!    windows), exact over all G for <= 16 windows. Its `lower_bound` is a-posteriori: equal to
+//!    the cost (gap 0) when every G it packed was proven optimal.
 //!  - `per_window`: one window per group, G = max w_i. `single`: one group, G = sum w_i.
 //! `planner_options::group_size` fixes G for `paper` and `fast` (capped at sum w_i).
 //! Cost models: see cost_model.hpp (nondecreasing in G and in the number of groups).
@@ -42,6 +44,9 @@ struct planner_options {
   bool table_dp = false;            //!< paper: use the literal table DP instead of the bitset form
   index_t exact_max_windows = 16;   //!< fast: exact bin packing per G up to this many windows
   index_t paper_dp_max_windows = 256;  //!< fast: also run the paper's DP per G up to this many windows
+  std::int64_t search_budget = 20000;  //!< fast, <= paper_dp_max_windows windows: DFS steps (bins
+                                       //!< examined) per search for a packing with fewer groups,
+                                       //!< when the packers miss the bound; 0 turns it off
 };
 
 //! Largest window size and largest total the planner accepts (a sweep is O(sum w)).
@@ -595,13 +600,12 @@ class planner {
   //! decreasing order; for each item one group per distinct fill value is tried (groups with
   //! equal fills are interchangeable for the items still to place), and equal items are placed in
   //! nondecreasing group order; both rules keep the search complete.
-  //! Returns 1 (packing in `out`), 0 (proved impossible), or -1 (node budget exhausted).
-  int fits_in(index_t g, index_t k, detail::packing& out) {
+  //! Returns 1 (packing in `out`), 0 (proved impossible), or -1 (budget of `budget` steps, one per bin examined, exhausted).
+  int fits_in(index_t g, index_t k, detail::packing& out, std::int64_t budget) {
     const size_t n = items_.size();
     if (static_cast<std::int64_t>(k) * g < total_) return 0;
     dfs_fill_.assign(static_cast<size_t>(k), 0);
     dfs_bin_.assign(n, -1);
-    std::int64_t budget = 4000;
     size_t i = 0;
     while (i < n) {
       const index_t w = items_[i].size;
@@ -611,9 +615,12 @@ class planner {
       index_t b = dfs_bin_[i] >= 0 ? dfs_bin_[i] + 1 : start;
       if (dfs_bin_[i] >= 0) dfs_fill_[dfs_bin_[i]] -= w;  // undo the previous try
       for (; b < k; ++b) {
+        --budget;
         if (dfs_fill_[b] + w > g) continue;
         bool seen = false;
-        for (index_t b2 = start; b2 < b && !seen; ++b2) seen = dfs_fill_[b2] == dfs_fill_[b];
+        index_t b2 = start;
+        for (; b2 < b && !seen; ++b2) seen = dfs_fill_[b2] == dfs_fill_[b];
+        budget -= b2 - start;
         if (!seen) break;
       }
       if (--budget < 0) return -1;
@@ -708,7 +715,7 @@ class planner {
     if (n_items() <= opt.exact_max_windows && exact_states() <= (std::int64_t{1} << 16)) {
       // exact search dominates every other packer, the paper's DP included
       for (index_t k = lbb; k < cur_count_; ++k) {
-        const int r = fits_in(g, k, alt_);
+        const int r = fits_in(g, k, alt_, opt.search_budget);
         if (r == 1) { take_alt(); return true; }
         if (r < 0) {  // search budget exhausted: the multiset DP decides, in bounded time
           exact_packing(g, alt_);
@@ -725,6 +732,12 @@ class planner {
     if (n_items() <= opt.paper_dp_max_windows) {
       repeated_knapsack<false>(input_order(), g, alt_);
       take_alt();
+      // a bounded search for one group fewer: finds a better packing, or proves this one optimal
+      while (cur_count_ > lbb && opt.search_budget > 0) {
+        const int r = fits_in(g, cur_count_ - 1, alt_, opt.search_budget);
+        if (r != 1) return r == 0;
+        take_alt();
+      }
     }
     return cur_count_ <= lbb;
   }
