@@ -527,3 +527,35 @@ TEST_CASE("the bounded search for fewer groups never makes a plan costlier, and 
   }
   MESSAGE("the search found a cheaper plan in " << improved << " of 150 cases");
 }
+
+TEST_CASE("group-count bounds (L2, Fekete-Schepers) never exceed the exact minimum (brute force)") {
+  rng g(16);
+  int tight = 0, total = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<index_t> w = random_sizes(g, 1 + static_cast<int>(g.below(9)), 1 + static_cast<int>(g.below(60)));
+    const index_t mx = *std::max_element(w.begin(), w.end());
+    planner<flops_cost> pl(flops_cost{64});
+    plan p;
+    REQUIRE(pl.run(span<const index_t>(w), planner_options{}, p) == status::success);
+    for (index_t cap = mx; cap <= mx + 40; ++cap) {
+      // exact minimum number of groups of capacity cap, by enumerating set partitions
+      int best = static_cast<int>(w.size());
+      std::vector<std::int64_t> fills;
+      std::function<void(size_t)> rec = [&](size_t i) {
+        if (static_cast<int>(fills.size()) >= best) return;
+        if (i == w.size()) { best = static_cast<int>(fills.size()); return; }
+        for (size_t b = 0; b < fills.size(); ++b)  // by index: the recursion may grow `fills`
+          if (fills[b] + w[i] <= cap) { fills[b] += w[i]; rec(i + 1); fills[b] -= w[i]; }
+        fills.push_back(w[i]);
+        rec(i + 1);
+        fills.pop_back();
+      };
+      rec(0);
+      const index_t b = pl.group_count_bound(cap);
+      CHECK(b <= best);
+      tight += b == best;
+      ++total;
+    }
+  }
+  MESSAGE("bound equals the exact minimum in " << tight << " of " << total << " cases");
+}

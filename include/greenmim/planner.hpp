@@ -44,7 +44,7 @@ struct planner_options {
   bool table_dp = false;            //!< paper: use the literal table DP instead of the bitset form
   index_t exact_max_windows = 16;   //!< fast: exact bin packing per G up to this many windows
   index_t paper_dp_max_windows = 256;  //!< fast: also run the paper's DP per G up to this many windows
-  std::int64_t search_budget = 20000;  //!< fast, <= paper_dp_max_windows windows: DFS steps (bins
+  std::int64_t search_budget = 100000;  //!< fast, <= paper_dp_max_windows windows: DFS steps (bins
                                        //!< examined) per search for a packing with fewer groups,
                                        //!< when the packers miss the bound; 0 turns it off
 };
@@ -126,6 +126,7 @@ class planner {
     items_.clear();
     have_input_order_ = false;
     best_holds_windows_ = false;
+    fs_bounds_ = sizes.size() <= opt.paper_dp_max_windows;
     total_ = 0;
     maxw_ = 0;
     if (sizes.size() == 0) return status::empty_input;
@@ -284,7 +285,21 @@ class planner {
       if (v > half) break;
       eval(v);
     }
-    return static_cast<index_t>(std::max(l1, detail::ceil_div(best, g)));
+    std::int64_t lb = std::max(l1, detail::ceil_div(best, g));
+    // Fekete-Schepers dual feasible functions u^(k), k = 1..10: an item w counts w/g when g
+    // divides (k+1)w, else floor((k+1)w/g)/k; no group holds more than 1, so
+    // ceil(sum of the counts) groups are needed. Exact in integers: ceil((A*k + B*g) / (g*k)).
+    // Skipped for large batches, whose gaps are already tiny and whose time is tighter.
+    for (std::int64_t k = 1; k <= (fs_bounds_ ? 10 : 0); ++k) {
+      std::int64_t A = 0, B = 0;
+      for (index_t v : distinct_) {
+        const std::int64_t c = cnt_le(v) - cnt_le(v - 1), t = (k + 1) * v;
+        if (t % g == 0) A += c * v;
+        else B += c * (t / g);
+      }
+      lb = std::max(lb, detail::ceil_div(A * k + B * g, g * k));
+    }
+    return static_cast<index_t>(lb);
   }
 
   // ---- packers --------------------------------------------------------------------------------
@@ -1070,6 +1085,7 @@ class planner {
   size_t hist_cap_ = 0;
   bool have_input_order_ = false;
   bool best_holds_windows_ = false;  // best_.members are window indices (not item positions)
+  bool fs_bounds_ = true;            // add the Fekete-Schepers bounds to L2 (small inputs)
   // knapsack scratch
   std::vector<index_t> remaining_, phi_, chosen_, table_;
   std::vector<std::uint64_t> rows_;
