@@ -44,7 +44,7 @@ struct planner_options {
   bool table_dp = false;            //!< paper: use the literal table DP instead of the bitset form
   index_t exact_max_windows = 16;   //!< fast: exact bin packing per G up to this many windows
   index_t paper_dp_max_windows = 256;  //!< fast: also run the paper's DP per G up to this many windows
-  std::int64_t search_budget = 100000;  //!< fast, <= paper_dp_max_windows windows: DFS steps (bins
+  std::int64_t search_budget = 20000;  //!< fast, <= paper_dp_max_windows windows: DFS steps (bins
                                        //!< examined) per search for a packing with fewer groups,
                                        //!< when the packers miss the bound; 0 turns it off
 };
