@@ -53,16 +53,24 @@ constexpr std::size_t ws_align = 256;
 //! sm_90 (227 KB).
 constexpr std::size_t max_smem_bytes = 160u * 1024u;
 
-//! The current device's opt-in shared memory per block, or 0 when no device can be asked (the
-//! failed query's error is cleared, so it does not surface at a later cudaGetLastError).
-inline std::size_t device_smem_optin() {
+//! The current device's opt-in shared memory per block.
+inline cudaError_t query_smem_optin(std::size_t& bytes) {
   int dev = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+  GM_TRY(cudaGetDevice(&dev));
+  GM_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  bytes = static_cast<std::size_t>(optin);
+  return cudaSuccess;
+}
+
+//! As query_smem_optin, or 0 when no device can be asked (the failed query's error is cleared,
+//! so it does not surface at a later cudaGetLastError).
+inline std::size_t device_smem_optin() {
+  std::size_t bytes = 0;
+  if (query_smem_optin(bytes) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
-  return static_cast<std::size_t>(optin);
+  return bytes;
 }
 inline std::size_t align_up(std::size_t n) { return (n + ws_align - 1) / ws_align * ws_align; }
 
@@ -129,10 +137,9 @@ cudaError_t check_bwd(const gm_attention_bwd_args* a, attn_dims& d, bwd_layout& 
 template <class K>
 cudaError_t allow_smem(K kernel, std::size_t bytes) {
   if (bytes <= 48u * 1024u) return cudaSuccess;
-  int dev = 0, optin = 0;
-  GM_TRY(cudaGetDevice(&dev));
-  GM_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  GM_REFUSE_IF(bytes > static_cast<std::size_t>(optin),
+  std::size_t optin = 0;
+  GM_TRY(query_smem_optin(optin));
+  GM_REFUSE_IF(bytes > optin,
                "shared memory of the backward exceeds the device limit (window too large for d_bias_table)");
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
 }

@@ -142,9 +142,9 @@ class planner {
   //! Validates the sizes, builds the size histogram (cnt_le_, sum_le_, distinct_, total_, maxw_)
   //! and the items in decreasing-size order, stable in window index (the order the DP on
   //! decreasing sizes and BFD use), by a counting sort: sizes are small integers, so O(n + max w).
-  //! The items of size w occupy [n - cnt_le(w), n - cnt_le(w-1)). The input is cut into
-  //! `streams` contiguous parts walked in lockstep, each with its own counters, so runs of
-  //! equal sizes do not serialize on one counter (store-to-load forwarding).
+  //! The items of size w occupy [n - cnt_le(w), n - cnt_le(w-1)). The input is cut into four
+  //! contiguous parts walked in lockstep, each with its own counters, so runs of equal sizes do
+  //! not serialize on one counter (store-to-load forwarding).
   status build_histogram(const index_t* s, std::int64_t n_all) {
     // fast path: every size below a power-of-two cap (a size >= cap, or a negative one, shows up
     // in the OR of the sizes); otherwise find the range exactly, validate, and grow the cap
@@ -177,9 +177,7 @@ class planner {
       }
       if (lo < 0) return status::invalid_argument;
       if (hi > max_window_size) return status::overflow;
-      size_t c = 64;
-      while (c <= static_cast<size_t>(hi)) c *= 2;
-      hist_cap_ = c;
+      hist_cap_ = hist_cap_for(hi);
     }
     const size_t cap = hist_cap_;
     const std::int32_t* h = hist4_.data();
@@ -187,12 +185,9 @@ class planner {
     for (size_t v = cap; v-- > 1;)
       if (h[v] + h[cap + v] + h[2 * cap + v] + h[3 * cap + v]) { hi = static_cast<index_t>(v); break; }
     if (hi == 0) return status::empty_input;
-    {  // let the cap follow the sizes down too, with hysteresis (a huge window once should not
-       // make every later plan clear a huge histogram)
-      size_t want = 64;
-      while (want <= static_cast<size_t>(hi)) want *= 2;
-      if (want * 8 <= hist_cap_) hist_cap_ = want;
-    }
+    // let the cap follow the sizes down too, with hysteresis (a huge window once should not make
+    // every later plan clear a huge histogram)
+    if (hist_cap_for(hi) * 8 <= hist_cap_) hist_cap_ = hist_cap_for(hi);
     const size_t w1 = static_cast<size_t>(hi) + 1;
     cnt_le_.resize(w1);
     sum_le_.resize(w1);
@@ -233,6 +228,13 @@ class planner {
     for (std::int64_t i = 4 * q; i < n_all; ++i) it[n3[s[i]]++] = item(static_cast<index_t>(i), s[i]);
     items_.resize(static_cast<size_t>(n));
     return status::success;
+  }
+
+  //! Histogram capacity for sizes up to `hi`: the least power of two above it, at least 64.
+  static size_t hist_cap_for(index_t hi) {
+    size_t c = 64;
+    while (c <= static_cast<size_t>(hi)) c *= 2;
+    return c;
   }
 
   //! Item positions in window order (the paper's input order), built on demand.
@@ -380,6 +382,17 @@ class planner {
     bucket_head_[fill] = b;
   }
 
+  //! Calls shift(t * v) for the binary split t = 1, 2, 4, ..., remainder of 0..t_max copies of
+  //! size v: or-ing a reachable set with itself shifted by each makes every count 0..t_max reachable.
+  template <class Shift>
+  static void binary_split(std::int64_t t_max, std::int64_t v, Shift shift) {
+    for (std::int64_t k = 1; t_max > 0; k <<= 1) {
+      const std::int64_t take = std::min(k, t_max);
+      t_max -= take;
+      shift(take * v);
+    }
+  }
+
   //! Patterns found by `histogram_dp`: pattern p forms `reps` identical groups, each taking
   //! `takes[begin, end)` = (size rank j, copies) items; ranks count from the largest size.
   struct hd_patterns {
@@ -413,13 +426,11 @@ class planner {
     // active size ranks (count > 0), largest size first; rank j = 0 is the largest size
     hd_cnt_.resize(m);
     hd_active_.resize(m);
-    hd_size_.resize(m);
     std::int64_t left = 0;
     for (size_t j = 0; j < m; ++j) {
       const index_t v = distinct_[m - 1 - j];
       hd_cnt_[j] = static_cast<index_t>(cnt_le(v) - cnt_le(v - 1));
       hd_active_[j] = static_cast<index_t>(j);
-      hd_size_[j] = v;
       left += hd_cnt_[j];
     }
     size_t act = m;
@@ -433,13 +444,8 @@ class planner {
         r0[0] = r;
         for (size_t a = 0; a < act; ++a) {
           const index_t j = hd_active_[a];
-          const std::int64_t v = hd_size_[j];
-          std::int64_t t_max = std::min<std::int64_t>(hd_cnt_[j], g / v);
-          for (std::int64_t k = 1; t_max > 0; k <<= 1) {  // 0..t_max copies: shifts by 1, 2, 4, ... copies
-            const std::int64_t take = std::min(k, t_max);
-            t_max -= take;
-            r |= r << (take * v);
-          }
+          const std::int64_t v = distinct_[m - 1 - static_cast<size_t>(j)];
+          binary_split(std::min<std::int64_t>(hd_cnt_[j], g / v), v, [&](std::int64_t sh) { r |= r << sh; });
           r0[a + 1] = r;
         }
       } else {
@@ -447,23 +453,18 @@ class planner {
         r0[0] = 1;
         for (size_t a = 0; a < act; ++a) {
           const index_t j = hd_active_[a];
-          const std::int64_t v = hd_size_[j];
+          const std::int64_t v = distinct_[m - 1 - static_cast<size_t>(j)];
           word* cur = r0 + (a + 1) * W;
           std::copy(r0 + a * W, r0 + (a + 1) * W, cur);
-          std::int64_t t_max = std::min<std::int64_t>(hd_cnt_[j], g / v);
-          for (std::int64_t k = 1; t_max > 0; k <<= 1) {
-            const std::int64_t take = std::min(k, t_max);
-            t_max -= take;
-            const std::int64_t sh = take * v;
+          binary_split(std::min<std::int64_t>(hd_cnt_[j], g / v), v, [&](std::int64_t sh) {
             const size_t ws = static_cast<size_t>(sh >> 6);
             const unsigned bs = static_cast<unsigned>(sh & 63);
-            if (ws >= W) break;
-            for (size_t i = W; i-- > ws;) {  // descending: in place
+            for (size_t i = W; i-- > ws;) {  // descending: in place (no-op when ws >= W)
               word x = cur[i - ws] << bs;
               if (bs && i > ws) x |= cur[i - ws - 1] >> (64 - bs);
               cur[i] |= x;
             }
-          }
+          });
         }
       }
       const word* last = r0 + act * W;
@@ -478,7 +479,7 @@ class planner {
       const index_t begin = static_cast<index_t>(res.takes.size());
       for (size_t a = act; a-- > 0;) {
         const index_t j = hd_active_[a];
-        const std::int64_t v = hd_size_[j];
+        const std::int64_t v = distinct_[m - 1 - static_cast<size_t>(j)];
         index_t t = 0;
         while (!test(r0 + a * W, rest - static_cast<std::int64_t>(t) * v)) ++t;
         if (t) {
@@ -1095,7 +1096,7 @@ class planner {
   std::vector<index_t> ex_radix_, ex_cnt_, ex_digit_, ex_next_, ex_seq_;
   std::vector<index_t> ex_bins_, ex_fill_, ex_choice_;
   std::vector<index_t> dfs_fill_, dfs_bin_;
-  std::vector<index_t> hd_cnt_, hd_next_, hd_active_, hd_size_;
+  std::vector<index_t> hd_cnt_, hd_next_, hd_active_;
   std::vector<std::uint64_t> hd_reach_;
   hd_patterns hd_cur_, hd_best_;
   // sweep state
