@@ -92,6 +92,24 @@ const int kRegistered = [] {
     benchmark::RegisterBenchmark(("plan_fast" + suffix + "_shifted").c_str(), [=](benchmark::State& s) { run_plans(s, *shifted, fast, C); })
         ->Unit(benchmark::kMicrosecond);
   }
+  // Harder than Swin masks: 64 windows of uniform random sizes 1..49, at three search budgets
+  // (docs/planner.md, item 3).
+  auto rnd = std::make_shared<std::vector<std::vector<index_t>>>();
+  {
+    rng r(64);
+    for (int i = 0; i < 20; ++i) {
+      std::vector<index_t> v(64);
+      for (auto& x : v) x = static_cast<index_t>(1 + r.below(49));
+      rnd->push_back(std::move(v));
+    }
+  }
+  for (std::int64_t budget : {std::int64_t{0}, std::int64_t{20000}, std::int64_t{100000}}) {
+    planner_options o;
+    o.search_budget = budget;
+    benchmark::RegisterBenchmark(("plan_fast/random64_budget" + std::to_string(budget)).c_str(),
+                                 [=](benchmark::State& s) { run_plans(s, *rnd, o, 128); })
+        ->Unit(benchmark::kMicrosecond);
+  }
   auto b256 = std::make_shared<std::vector<std::vector<index_t>>>(batch_sizes(0, 256, 32));
   benchmark::RegisterBenchmark("plan_fast/per_sample_b256", [=](benchmark::State& s) {
     run_plans(s, *b256, planner_options{}, m.channels[0]);
