@@ -10,6 +10,7 @@
 
 #include "detail/attention_checks.hpp"
 #include "detail/attention_simt.cuh"
+#include "detail/launch.cuh"
 
 namespace greenmim {
 namespace detail {
@@ -178,10 +179,8 @@ cudaError_t run_bwd(const gm_attention_bwd_args& a, const attn_dims& d, const bw
   const int G = a.part.group_size;
   const std::size_t smem_dq = simt_smem<D>::bwd_dq(G, want_dbias ? d.bias_rows : 0);
   GM_TRY(allow_smem(attention_bwd_dq_simt<T, D>, smem_dq));
-  attention_bwd_dq_simt<T, D><<<grid, simt_tile<D>::THREADS, smem_dq, stream>>>(p);
-  GM_TRY(cudaGetLastError());
-  attention_bwd_dkdv_simt<T, D><<<grid, simt_tile<D>::THREADS, simt_smem<D>::bwd_dkdv(G), stream>>>(p);
-  GM_TRY(cudaGetLastError());
+  GM_TRY(launch(attention_bwd_dq_simt<T, D>, grid, simt_tile<D>::THREADS, smem_dq, stream, p));
+  GM_TRY(launch(attention_bwd_dkdv_simt<T, D>, grid, simt_tile<D>::THREADS, simt_smem<D>::bwd_dkdv(G), stream, p));
   if (want_dbias && ws.partial_count > 0) {
     table2f out;
     out.data = static_cast<float*>(a.d_bias_table.data);
@@ -189,9 +188,8 @@ cudaError_t run_bwd(const gm_attention_bwd_args& a, const attn_dims& d, const bw
     out.s1 = a.d_bias_table.stride[1];
     out.rows = d.bias_rows;
     const dim3 rgrid(static_cast<unsigned>((d.bias_rows + 31) / 32), static_cast<unsigned>(d.H));
-    dbias_reduce<<<rgrid, dim3(32, 32), 0, stream>>>(p.dbias_partial, ws.partial_count, static_cast<int>(d.H),
-                                                     d.bias_rows, out);
-    GM_TRY(cudaGetLastError());
+    GM_TRY(launch(dbias_reduce, rgrid, dim3(32, 32), 0, stream, p.dbias_partial, ws.partial_count,
+                  static_cast<int>(d.H), d.bias_rows, out));
   }
   return cudaSuccess;
 }

@@ -6,6 +6,7 @@
 #include "detail/attention_checks.hpp"
 #include "detail/attention_mma.cuh"
 #include "detail/attention_simt.cuh"
+#include "detail/launch.cuh"
 
 namespace greenmim {
 namespace detail {
@@ -63,16 +64,14 @@ cudaError_t run_fwd(const gm_attention_fwd_args& a, const attn_dims& d, bool use
     if constexpr (!std::is_same<T, float>::value) {
       p.q_tiles = 1;
       const dim3 grid(static_cast<unsigned>(a.part.num_groups), static_cast<unsigned>(d.H), static_cast<unsigned>(d.B));
-      attention_fwd_mma<T, D><<<grid, mma_tile<D>::THREADS, mma_tile<D>::smem(d.bias_rows), stream>>>(p);
-      return cudaGetLastError();
+      return launch(attention_fwd_mma<T, D>, grid, mma_tile<D>::THREADS, mma_tile<D>::smem(d.bias_rows), stream, p);
     }
     return refuse("internal: mma path for float32");
   }
   p.q_tiles = d.q_tiles;
   const dim3 grid(static_cast<unsigned>(a.part.num_groups * d.q_tiles), static_cast<unsigned>(d.H),
                   static_cast<unsigned>(d.B));
-  attention_fwd_simt<T, D><<<grid, simt_tile<D>::THREADS, simt_smem<D>::fwd(a.part.group_size), stream>>>(p);
-  return cudaGetLastError();
+  return launch(attention_fwd_simt<T, D>, grid, simt_tile<D>::THREADS, simt_smem<D>::fwd(a.part.group_size), stream, p);
 }
 
 template <class T>

@@ -8,16 +8,21 @@
 //! build_partition). All index math goes through geometry.hpp.
 #include <greenmim/kernels.h>
 
+#if defined(GREENMIM_CUDA_EMULATION)
+#include "cub_emu.hpp"  // test/emu: sequential stand-ins for the three CUB algorithms used here
+#else
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
+#endif
 
 #include <cstdint>
 
 #include <greenmim/geometry.hpp>
 
 #include "detail/host_checks.hpp"
+#include "detail/launch.cuh"
 
 namespace greenmim {
 namespace detail {
@@ -140,9 +145,8 @@ extern "C" cudaError_t gm_token_windows(const int32_t* d_positions, const int32_
                  "null device pointer");  // every refusal before any work is queued
     if (nw > 0) GM_TRY(cudaMemsetAsync(d_window_sizes, 0, static_cast<std::size_t>(nw) * sizeof(index_t), stream));
     if (capacity == 0) return cudaSuccess;
-    token_windows_kernel<<<blocks_for(capacity), 256, 0, stream>>>(d_positions, d_num_positions, capacity, num_masks, g,
-                                                                  d_coords, d_token_window, d_window_sizes);
-    return cudaGetLastError();
+    return launch(token_windows_kernel, blocks_for(capacity), 256, 0, stream, d_positions, d_num_positions, capacity,
+                  num_masks, g, d_coords, d_token_window, d_window_sizes);
   } catch (...) {
     return cudaErrorUnknown;
   }
@@ -196,23 +200,20 @@ extern "C" cudaError_t gm_build_partition(void* d_temp_storage, size_t* temp_sto
     index_t* vals_out = reinterpret_cast<index_t*>(base + off_bytes + 2 * n_bytes);
     void* cub_tmp = base + off_bytes + 3 * n_bytes;
 
-    fill_padding_kernel<<<blocks_for(slots > num_tokens ? slots : num_tokens), 256, 0, stream>>>(
-        d_gather, d_slot_window, d_slot_coord, static_cast<int>(slots), d_scatter, num_tokens);
-    GM_TRY(cudaGetLastError());
+    GM_TRY(launch(fill_padding_kernel, blocks_for(slots > num_tokens ? slots : num_tokens), 256, 0, stream, d_gather,
+                  d_slot_window, d_slot_coord, static_cast<int>(slots), d_scatter, num_tokens));
     if (num_tokens == 0 || num_windows == 0) return cudaSuccess;
     std::size_t bytes = scan_bytes;
     GM_TRY(cub::DeviceScan::ExclusiveSum(cub_tmp, bytes, d_window_sizes, offsets, num_windows, stream));
     GM_TRY(cudaGetLastError());
-    iota_kernel<<<blocks_for(num_tokens), 256, 0, stream>>>(vals_in, num_tokens);
-    GM_TRY(cudaGetLastError());
+    GM_TRY(launch(iota_kernel, blocks_for(num_tokens), 256, 0, stream, vals_in, num_tokens));
     bytes = sort_bytes;
     GM_TRY(cub::DeviceRadixSort::SortPairs(cub_tmp, bytes, keys_in, reinterpret_cast<std::uint32_t*>(keys_out), vals_in,
                                            vals_out, num_tokens, 0, 32, stream));
     GM_TRY(cudaGetLastError());
-    place_tokens_kernel<<<blocks_for(num_tokens), 256, 0, stream>>>(
-        keys_out, vals_out, offsets, d_coords, d_window_group, d_window_slot_offset, num_tokens, num_windows, group_size,
-        num_groups, d_gather, d_scatter, d_slot_window, d_slot_coord);
-    return cudaGetLastError();
+    return launch(place_tokens_kernel, blocks_for(num_tokens), 256, 0, stream, keys_out, vals_out, offsets, d_coords,
+                  d_window_group, d_window_slot_offset, num_tokens, num_windows, group_size, num_groups, d_gather,
+                  d_scatter, d_slot_window, d_slot_coord);
   } catch (...) {
     return cudaErrorUnknown;
   }

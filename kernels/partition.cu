@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "detail/device_common.cuh"
+#include "detail/launch.cuh"
 #include "detail/host_checks.hpp"
 
 namespace greenmim {
@@ -86,8 +87,7 @@ cudaError_t launch_copy(copy_params p, std::int64_t row_bytes, cudaStream_t stre
   const std::int64_t threads = static_cast<std::int64_t>(p.dst_rows) << l;
   const unsigned gx = static_cast<unsigned>((threads + 255) / 256);
   const unsigned gy = static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535);
-  copy_rows<V><<<dim3(gx, gy), 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch(copy_rows<V>, dim3(gx, gy), 256, 0, stream, p);
 }
 
 cudaError_t run_copy(const gm_partition_args* a, bool unpartition, cudaStream_t stream) {

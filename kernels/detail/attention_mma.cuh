@@ -42,6 +42,14 @@ struct mma_tile {
 };
 
 // ---- PTX wrappers ---------------------------------------------------------------------------------
+// Under GREENMIM_CUDA_EMULATION the emulator provides ldmatrix / mma.sync as warp collectives,
+// written independently from the PTX ISA fragment tables (test/emu/cuda_emu.cpp).
+#if defined(GREENMIM_CUDA_EMULATION)
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) { ::gm_emu::ldmatrix_x4(r, p, false); }
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+  ::gm_emu::ldmatrix_x4(r, p, true);
+}
+#else
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
@@ -57,6 +65,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
                : "r"(smem_addr(p))
                : "memory");
 }
+#endif
 
 template <class T>
 struct mma16;  // d += a * b, m16n8k16, row.col, f32 accumulate
@@ -64,11 +73,15 @@ struct mma16;  // d += a * b, m16n8k16, row.col, f32 accumulate
 template <>
 struct mma16<__nv_bfloat16> {
   __device__ __forceinline__ static void run(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if defined(GREENMIM_CUDA_EMULATION)
+    ::gm_emu::mma_m16n8k16<__nv_bfloat16>(d, a, b0, b1);
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
   }
   __device__ __forceinline__ static unsigned pack(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -85,11 +98,15 @@ struct mma16<__nv_bfloat16> {
 template <>
 struct mma16<__half> {
   __device__ __forceinline__ static void run(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if defined(GREENMIM_CUDA_EMULATION)
+    ::gm_emu::mma_m16n8k16<__half>(d, a, b0, b1);
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
   }
   __device__ __forceinline__ static unsigned pack(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
@@ -152,7 +169,7 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS) attention_fwd_mma(const 
   constexpr int LDS = C::LDS, CH = C::CH, ROWS = C::ROWS;
   constexpr int DT = D / 8;    // n-tiles of the output
   constexpr int KS = D / 16;   // k-steps of Q K^T
-  extern __shared__ float4 smem_f4[];
+  GM_DYNAMIC_SMEM(smem_f4);
   T* qs = reinterpret_cast<T*>(smem_f4);
   T* ks = qs + ROWS * LDS;
   T* vs = ks + ROWS * LDS;

@@ -77,7 +77,7 @@ template <class T, int D>
 __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_fwd_simt(const fwd_params<T> p) {
   using C = simt_tile<D>;
   constexpr int E = C::E, TEAM = C::TEAM, LD = C::LD, TILE = C::TILE;
-  extern __shared__ float4 smem_f4[];
+  GM_DYNAMIC_SMEM(smem_f4);
   const int G = p.part.group_size;
   float* ks = reinterpret_cast<float*>(smem_f4);
   float* vs = ks + TILE * LD;
@@ -188,7 +188,7 @@ template <class T, int D>
 __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_bwd_dq_simt(const bwd_params<T> p) {
   using C = simt_tile<D>;
   constexpr int E = C::E, TEAM = C::TEAM, LD = C::LD, TILE = C::TILE;
-  extern __shared__ float4 smem_f4[];
+  GM_DYNAMIC_SMEM(smem_f4);
   const int G = p.part.group_size;
   const int rows = p.bias.rows;
   const bool want_dbias = p.dbias_partial != nullptr;
@@ -325,7 +325,7 @@ template <class T, int D>
 __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_bwd_dkdv_simt(const bwd_params<T> p) {
   using C = simt_tile<D>;
   constexpr int E = C::E, TEAM = C::TEAM, LD = C::LD, TILE = C::TILE;
-  extern __shared__ float4 smem_f4[];
+  GM_DYNAMIC_SMEM(smem_f4);
   const int G = p.part.group_size;
   float* qs = reinterpret_cast<float*>(smem_f4);  // scale * q
   float* dos = qs + TILE * LD;

@@ -4,9 +4,13 @@
 //! include/greenmim/geometry.hpp (attends, rel_pos_index, coord_h/coord_w).
 #pragma once
 
+#if defined(GREENMIM_CUDA_EMULATION)
+#include "cuda_emu.hpp"  // test/emu: the kernels compiled as host code and run on the CPU emulator
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdint>
 #include <cstring>
@@ -20,6 +24,13 @@ namespace detail {
 namespace cuda {
 
 constexpr unsigned full_mask = 0xffffffffu;
+
+//! The kernel's dynamic shared memory as a `float4` array named `name` (16-byte aligned).
+#if defined(GREENMIM_CUDA_EMULATION)
+#define GM_DYNAMIC_SMEM(name) float4* const name = ::gm_emu::dynamic_smem<float4>()
+#else
+#define GM_DYNAMIC_SMEM(name) extern __shared__ float4 name[]
+#endif
 
 // ---- element conversions --------------------------------------------------------------------
 //! exp for softmax in element type T: the accurate expf for fp32 (fp32 promises 1e-5 against the
@@ -92,7 +103,7 @@ struct seg_io_16bit {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           T2 t;
-          memcpy(&t, &w[k], sizeof(t));
+          memcpy(static_cast<void*>(&t), &w[k], sizeof(t));
           const float2 f = to_f2(t);
           x[8 * i + 2 * k] = f.x;
           x[8 * i + 2 * k + 1] = f.y;

@@ -55,8 +55,9 @@ inline std::int64_t numel(const gm_tensor& t) {
 inline bool is_injective(const gm_tensor& t) {
   if (numel(t) == 0) return true;
   int order[4] = {0, 1, 2, 3};
-  const int r = t.rank;
-  std::sort(order, order + r, [&](int a, int b) { return t.stride[a] < t.stride[b]; });
+  const int r = t.rank < 0 ? 0 : (t.rank > 4 ? 4 : t.rank);
+  for (int i = 1; i < r; ++i)  // insertion sort by stride (std::sort on 4 ints trips GCC 12's -Warray-bounds)
+    for (int j = i; j > 0 && t.stride[order[j]] < t.stride[order[j - 1]]; --j) std::swap(order[j], order[j - 1]);
   std::int64_t below = 1;
   for (int i = 0; i < r; ++i) {
     const int d = order[i];

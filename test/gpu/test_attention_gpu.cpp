@@ -306,7 +306,7 @@ void check_forward(const problem& prob, gm_dtype dt, std::int64_t H, std::int64_
   attn_setup s = make_setup(prob, dt, H, D, packed, with_bias, rng);
   const fwd_out want = cpu_forward(s, s.q, s.k, s.v);
   for (gm_algo algo : algos_for(dt, prob.part.group_size)) {
-    INFO("algo " << algo_name(algo));
+    INFO("algo " << std::string(algo_name(algo)));
     const fwd_out got = gpu_forward(s, dp, algo);
     compare(got.o, want.o, tolerance(dt), "o");
     compare(got.lse, want.lse, dt == GM_FLOAT32 ? 1e-5 : 1e-3, "lse");
@@ -425,7 +425,7 @@ TEST_CASE("gpu attention forward: NaN propagates within its window only") {
       for (double x : want.o) nan_rows += std::isnan(x);
       CHECK(nan_rows > 0);
       for (gm_algo algo : algos_for(dt, prob.part.group_size)) {
-        INFO("algo " << algo_name(algo));
+        INFO("algo " << std::string(algo_name(algo)));
         const fwd_out got = gpu_forward(s, dp, algo, 0, true, true);
         compare(got.o, want.o, tolerance(dt), "o");
         compare(got.lse, want.lse, dt == GM_FLOAT32 ? 1e-5 : 1e-3, "lse");
@@ -613,12 +613,17 @@ TEST_CASE("gpu attention backward: per-sample layout, large and interleaved grou
   const problem big_window = shared_mask_problem(rng, 28, 14, 7, 2, greenmim::strategy::single);
   const problem masking = single_group_problem(rng, 28, 7, 0, 2);
   const problem stage1 = shared_mask_problem(rng, 56, 7, 3, 1);
+  // one group per window, 6 samples: more than 128 per-CTA d(bias) partials, so every slice of
+  // dbias_reduce runs its 4-way unrolled loop, not only the tail
+  const problem many_ctas = shared_mask_problem(rng, 56, 7, 0, 6, greenmim::strategy::per_window);
+  REQUIRE(many_ctas.batch * many_ctas.part.num_groups > 128);
   for (gm_dtype dt : {GM_FLOAT32, GM_BFLOAT16}) {
     check_backward(per_sample, dt, 2, 32, false, rng);
     check_backward(big_window, dt, 2, 32, true, rng);
     check_backward(masking, dt, 1, 64, false, rng);
   }
   check_backward(stage1, GM_FLOAT32, 2, 32, false, rng, true);
+  check_backward(many_ctas, GM_FLOAT32, 1, 32, false, rng);
 }
 
 // Small and quick: the subset run under compute-sanitizer (memcheck, racecheck, synccheck,
