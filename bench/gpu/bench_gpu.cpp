@@ -12,7 +12,7 @@
 // as JSON for bench/gpu/torch_bench.py, so that the PyTorch paths run on the same groups.
 //
 // Usage: greenmim_gpu_bench [--batch 128] [--reps 30] [--warmup 5] [--seed N] [--csv FILE]
-//                           [--json-dir DIR] [--stages 1,2,3]
+//                           [--json-dir DIR] [--stages 1,2,3] [--copy-mb 1024]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -105,6 +105,7 @@ double median_ms(F&& f, int warmup, int reps) {
 
 struct options {
   int batch = 128, reps = 30, warmup = 5;
+  int copy_mb = 1024;  // size of the copy-bandwidth ceiling's buffers
   std::uint64_t seed = 0;
   std::string csv, json_dir;
   std::vector<int> stages = {1, 2, 3};
@@ -128,6 +129,7 @@ options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = std::strtoull(next().c_str(), nullptr, 10);
     else if (a == "--csv") o.csv = next();
     else if (a == "--json-dir") o.json_dir = next();
+    else if (a == "--copy-mb") o.copy_mb = std::atoi(next().c_str());
     else if (a == "--stages") {
       o.stages.clear();
       const std::string s = next();
@@ -139,6 +141,11 @@ options parse(int argc, char** argv) {
     }
   }
   if (o.reps < 1) o.reps = 1;
+  if (o.warmup < 0) o.warmup = 0;
+  if (o.batch < 1 || o.copy_mb < 1) {
+    std::fprintf(stderr, "--batch and --copy-mb must be >= 1\n");
+    std::exit(2);
+  }
   return o;
 }
 
@@ -226,7 +233,7 @@ int main(int argc, char** argv) {
   std::printf("seed %llu, batch %d, bf16, head_dim %d, window %d, %d reps (median), %d warm-up\n",
               static_cast<unsigned long long>(opt.seed), opt.batch, head_dim, window, opt.reps, opt.warmup);
 
-  const double bw = copy_bandwidth(std::size_t(1) << 30, 10);
+  const double bw = copy_bandwidth(std::size_t(opt.copy_mb) << 20, 10);
   const double peak = gemm_rate(10);
   std::printf("ceilings: device-to-device copy %.0f GB/s (read + write); bf16 GEMM 8192^3 %s\n", bw / 1e9,
               peak > 0 ? (std::to_string(static_cast<long long>(peak / 1e12)) + " TFLOP/s").c_str() : "n/a (no cuBLAS)");

@@ -1,8 +1,12 @@
 // Device-side random fill for greenmim_gpu_bench (host-side generation of ~100 MB per tensor
 // would dominate the run). Counter-based hash -> approximately normal values (sum of 4 uniforms).
+#if defined(GREENMIM_CUDA_EMULATION)
+#include "cuda_emu.hpp"  // test/emu: the bench's smoke run on the CPU emulator (ctest gpu_bench_emulated)
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#endif
 
 #include <cstddef>
 #include <cstdint>
@@ -47,6 +51,16 @@ __global__ void fill_kernel(T* p, std::size_t n, std::uint64_t seed, float scale
 extern "C" cudaError_t bench_fill_random(void* p, std::size_t n, int dtype, std::uint64_t seed, float scale,
                                          cudaStream_t stream) {
   const unsigned blocks = 1024;
+#if defined(GREENMIM_CUDA_EMULATION)
+  switch (dtype) {
+    case 0: return gm_emu::launch(fill_kernel<float>, dim3(blocks), dim3(256), 0, stream, static_cast<float*>(p), n, seed, scale);
+    case 1: return gm_emu::launch(fill_kernel<__half>, dim3(blocks), dim3(256), 0, stream, static_cast<__half*>(p), n, seed, scale);
+    case 2:
+      return gm_emu::launch(fill_kernel<__nv_bfloat16>, dim3(blocks), dim3(256), 0, stream,
+                            static_cast<__nv_bfloat16*>(p), n, seed, scale);
+    default: return cudaErrorInvalidValue;
+  }
+#else
   switch (dtype) {
     case 0: fill_kernel<float><<<blocks, 256, 0, stream>>>(static_cast<float*>(p), n, seed, scale); break;
     case 1: fill_kernel<__half><<<blocks, 256, 0, stream>>>(static_cast<__half*>(p), n, seed, scale); break;
@@ -54,4 +68,5 @@ extern "C" cudaError_t bench_fill_random(void* p, std::size_t n, int dtype, std:
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+#endif
 }

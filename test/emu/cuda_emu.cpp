@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -719,6 +720,46 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) { return cudaMemset(p, value, bytes); }
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (prop == nullptr || device != 0) return record(cudaErrorInvalidValue);
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "greenmim CPU emulator (sm_90 limits)");
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = k_sm_count;
+  prop->l2CacheSize = 50 * 1024 * 1024;
+  prop->totalGlobalMem = std::size_t(80) << 30;
+  prop->sharedMemPerBlock = k_smem_default;
+  prop->sharedMemPerBlockOptin = k_smem_optin;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  return cudaSuccess;
+}
+
+// Events: host timestamps (streams are synchronous, so an event completes when recorded).
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  if (e == nullptr) return record(cudaErrorInvalidValue);
+  *e = reinterpret_cast<cudaEvent_t>(new std::chrono::steady_clock::time_point());
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete reinterpret_cast<std::chrono::steady_clock::time_point*>(e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  if (e == nullptr) return record(cudaErrorInvalidValue);
+  *reinterpret_cast<std::chrono::steady_clock::time_point*>(e) = std::chrono::steady_clock::now();
+  return g_sticky_error;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return e == nullptr ? record(cudaErrorInvalidValue) : g_sticky_error; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  if (ms == nullptr || a == nullptr || b == nullptr) return record(cudaErrorInvalidValue);
+  const auto d = *reinterpret_cast<std::chrono::steady_clock::time_point*>(b) -
+                 *reinterpret_cast<std::chrono::steady_clock::time_point*>(a);
+  *ms = std::chrono::duration<float, std::milli>(d).count();
+  return cudaSuccess;
+}
 
 cudaError_t cudaDeviceSynchronize(void) { return g_sticky_error; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return g_sticky_error; }
