@@ -76,6 +76,11 @@ __global__ void k_smem_past(float* out) {
   out[threadIdx.x] = s[1024 + 16 + threadIdx.x];  // 64 bytes past 4 KB of dynamic shared memory
 }
 
+__global__ void k_misaligned(const float* in, float* out) {
+  const float4 v = *reinterpret_cast<const float4*>(in + 1);  // 4-byte aligned only: a device fault
+  out[threadIdx.x] = v.x;
+}
+
 //! Runs `body` in a child process; returns (exit status, what it wrote to stderr).
 template <class F>
 std::pair<int, std::string> in_child(F body) {
@@ -301,3 +306,16 @@ TEST_CASE("emulator: out-of-bounds global and shared accesses stop the program w
   });
   CHECK(fine.first == 0);
 }
+
+#if defined(GREENMIM_EMU_UBSAN)
+TEST_CASE("emulator: a misaligned vector access stops the program (UBSan), as it faults on a device") {
+  const auto r = in_child([] {
+    float *in = nullptr, *out = nullptr;
+    if (cudaMalloc(reinterpret_cast<void**>(&in), 64 * sizeof(float)) != cudaSuccess) _exit(1);
+    if (cudaMalloc(reinterpret_cast<void**>(&out), 32 * sizeof(float)) != cudaSuccess) _exit(1);
+    (void)gm_emu::launch(k_misaligned, dim3(1), dim3(32), 0, nullptr, static_cast<const float*>(in), out);
+  });
+  CHECK(r.first != 0);
+  CHECK(r.second.find("misaligned") != std::string::npos);
+}
+#endif

@@ -255,6 +255,9 @@ TEST_CASE("kernels ABI: index building refuses bad arguments") {
                            nullptr, nullptr, nullptr) == cudaErrorInvalidValue);
 }
 
+// The C enums keep C's size in C++ (fixed underlying type int32_t): any stored value is readable.
+static_assert(sizeof(gm_dtype) == sizeof(int) && sizeof(gm_algo) == sizeof(int), "C ABI enum size");
+
 TEST_CASE("kernels ABI: names, sizes, empty problems, no device") {
   CHECK(std::string(gm_dtype_name(GM_BFLOAT16)) == "bfloat16");
   CHECK(std::string(gm_dtype_name(static_cast<gm_dtype>(42))) == "invalid");

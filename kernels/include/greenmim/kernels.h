@@ -30,9 +30,18 @@ extern "C" {
 
 #define GM_KERNELS_ABI_VERSION 1
 
+/* In C++ the enums get a fixed underlying type (int32_t, the size of a C enum here), so that any
+ * value a C caller stores is a valid value to read and is refused by the checks, not undefined
+ * behaviour. */
+#ifdef __cplusplus
+#define GM_ENUM_BASE : int32_t
+#else
+#define GM_ENUM_BASE
+#endif
+
 /*! Element type of the attention and feature tensors. The bias table, lse and dbias are always
  *  float32; accumulation is always float32. */
-typedef enum gm_dtype {
+typedef enum gm_dtype GM_ENUM_BASE {
   GM_FLOAT32 = 0,
   GM_FLOAT16 = 1,
   GM_BFLOAT16 = 2
@@ -42,11 +51,12 @@ typedef enum gm_dtype {
  *  arguments. SIMT: CUDA-core kernel, any dtype, G <= GM_SIMT_MAX_GROUP. MMA: tensor-core
  *  (mma.sync m16n8k16) forward, fp16/bf16, G <= 64, 16-byte aligned rows; refused otherwise.
  *  The backward always runs the SIMT kernels (MMA is treated as AUTO there). */
-typedef enum gm_algo {
+typedef enum gm_algo GM_ENUM_BASE {
   GM_ALGO_AUTO = 0,
   GM_ALGO_SIMT = 1,
   GM_ALGO_MMA = 2
 } gm_algo;
+#undef GM_ENUM_BASE
 
 /*! Largest group size the kernels accept. */
 #define GM_SIMT_MAX_GROUP 1024
