@@ -110,6 +110,19 @@ const int kRegistered = [] {
                                  [=](benchmark::State& s) { run_plans(s, *rnd, o, 128); })
         ->Unit(benchmark::kMicrosecond);
   }
+  // Pathological sizes (not windows of any real model): 200 sizes uniform in 1..10^6. Every G
+  // is a 15,000-word bitset and the sweep range is a million wide; planner_options::work_budget
+  // (default 2^30) bounds the plan. Reports the gap it certifies when the budget runs out.
+  auto huge = std::make_shared<std::vector<std::vector<index_t>>>();
+  {
+    rng r(1000000);
+    std::vector<index_t> v(200);
+    for (auto& x : v) x = static_cast<index_t>(1 + r.below(1000000));
+    huge->push_back(std::move(v));
+  }
+  benchmark::RegisterBenchmark("plan_fast/huge_sizes_200", [=](benchmark::State& s) {
+    run_plans(s, *huge, planner_options{}, 128);
+  })->Unit(benchmark::kMillisecond)->Iterations(2);
   auto b256 = std::make_shared<std::vector<std::vector<index_t>>>(batch_sizes(0, 256, 32));
   benchmark::RegisterBenchmark("plan_fast/per_sample_b256", [=](benchmark::State& s) {
     run_plans(s, *b256, planner_options{}, m.channels[0]);

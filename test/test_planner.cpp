@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <random>
 #include <vector>
 
 using namespace greenmim;
@@ -558,4 +559,61 @@ TEST_CASE("group-count bounds (L2, Fekete-Schepers) never exceed the exact minim
     }
   }
   MESSAGE("bound equals the exact minimum in " << tight << " of " << total << " cases");
+}
+
+TEST_CASE("work budget: huge sizes end with a valid plan whose bound still holds") {
+  // Sizes in the tens of thousands to millions make every DP bitset thousands of words and the
+  // sweep range wide; the budget bounds the work and the plan reports it ran out.
+  std::mt19937 gen(0x9e3779b9u ^ doctest::getContextOptions()->rand_seed);
+  for (int rep = 0; rep < 24; ++rep) {
+    std::vector<index_t> sizes;
+    const int n = rep % 2 ? 40 : 300;  // the full-DP path (<= 256 windows) and the histogram path
+    // window-like sizes (a sweep cut after a few G), large, huge
+    const index_t hi = rep < 20 ? 49 : rep < 22 ? 5000 : 200000;
+    for (int i = 0; i < n; ++i) sizes.push_back(1 + static_cast<index_t>(gen() % static_cast<unsigned>(hi)));
+    INFO("rep " << rep << " n " << n << " max " << hi);
+    plan q;  // without a limit, where that is quick
+    const bool small = hi <= 5000;  // (a plan of window-like sizes never needs the budget)
+    if (small) {
+      planner_options unlimited;
+      unlimited.work_budget = 0;
+      REQUIRE(make_plan(span<const index_t>(sizes), unlimited, 128, q) == status::success);
+      CHECK_FALSE(q.budget_exhausted);
+    }
+    for (std::int64_t budget : {std::int64_t{1} << 10, std::int64_t{1} << 12, std::int64_t{1} << 13,
+                                std::int64_t{1} << 16, std::int64_t{1} << 20}) {
+      INFO("budget " << budget);
+      planner_options tight;
+      tight.work_budget = budget;
+      plan p;
+      REQUIRE(make_plan(span<const index_t>(sizes), tight, 128, p) == status::success);
+      CHECK(validate_plan(span<const index_t>(sizes), p) == status::success);
+      if (budget <= (std::int64_t{1} << 12) && hi > 49) CHECK(p.budget_exhausted);  // < one best-fit pass
+      CHECK(p.cost >= p.lower_bound);
+      if (small) {  // each plan's bound holds for the other plan too
+        CHECK(q.cost <= p.cost);
+        CHECK(p.lower_bound <= q.cost * (1 + 1e-12));
+        CHECK(q.lower_bound <= p.cost * (1 + 1e-12));
+      }
+    }
+  }
+}
+
+TEST_CASE("work budget: the default never binds on real window sizes, and 0 means no limit") {
+  std::mt19937 gen(7);
+  for (int rep = 0; rep < 20; ++rep) {
+    std::vector<index_t> sizes;
+    const int n = 1 + static_cast<int>(gen() % 600);
+    for (int i = 0; i < n; ++i) sizes.push_back(static_cast<index_t>(gen() % 197));  // window 14: up to 196
+    plan a, b;
+    planner_options unlimited;
+    unlimited.work_budget = 0;
+    REQUIRE(make_plan(span<const index_t>(sizes), planner_options{}, 128, a) == status::success);
+    REQUIRE(make_plan(span<const index_t>(sizes), unlimited, 128, b) == status::success);
+    CHECK_FALSE(a.budget_exhausted);
+    CHECK(a.group_size == b.group_size);
+    CHECK(a.windows == b.windows);
+    CHECK(a.cost == b.cost);
+    CHECK(a.lower_bound == b.lower_bound);
+  }
 }

@@ -41,6 +41,7 @@ struct plan {
   std::vector<index_t> fills;            //!< real tokens per group (<= G)
   double cost = 0;                       //!< cost-model value of this plan
   double lower_bound = 0;                //!< lower bound on the cost of ANY plan for these sizes
+  bool budget_exhausted = false;         //!< fast: planner_options::work_budget ran out (see there)
 
   index_t num_groups() const { return static_cast<index_t>(fills.size()); }
   //! Window indices of group `g`.
@@ -55,6 +56,7 @@ struct plan {
     windows.clear();
     fills.clear();
     cost = lower_bound = 0;
+    budget_exhausted = false;
   }
 };
 

@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <type_traits>
 #include <utility>
@@ -47,6 +48,13 @@ struct planner_options {
   std::int64_t search_budget = 20000;  //!< fast, <= paper_dp_max_windows windows: DFS steps (bins
                                        //!< examined) per search for a packing with fewer groups,
                                        //!< when the packers miss the bound; 0 turns it off
+  //! fast: work allowed per plan, in units of about a nanosecond (a 64-bit word of a DP bitset,
+  //! 32 per item of a best-fit pass). Real window sizes never come near it (a Swin-B stage-1
+  //! plan spends ~10^4, a 256-sample per-sample batch ~10^6); sizes in the tens of thousands
+  //! would otherwise take minutes. When it runs out, the DP packers are skipped and the sweep
+  //! stops: the plan is still valid, its lower bound still holds (the gap says how good it is),
+  //! and plan::budget_exhausted is set. 0: no limit.
+  std::int64_t work_budget = std::int64_t{1} << 30;
 };
 
 //! Largest window size and largest total the planner accepts (a sweep is O(sum w)).
@@ -96,6 +104,8 @@ class planner {
   //! (w_i > 2^20 or sum > 2^28).
   status run(span<const index_t> sizes, const planner_options& opt, plan& out) {
     if (status s = prepare(sizes, opt); s != status::success) return s;
+    work_ = 0;
+    budget_hit_ = false;
     status s = status::success;
     switch (opt.strat) {
       case strategy::paper: s = run_paper(opt); break;
@@ -704,10 +714,17 @@ class planner {
   //! the sweep needs counts, only the winner needs groups). Stops as soon as a packer meets
   //! `lbb`. Returns true when the count is provably the minimum for g.
   bool pack_fast(index_t g, const planner_options& opt, index_t lbb, bool lazy) {
+    const std::int64_t words = static_cast<std::int64_t>(g) / 64 + 1;  // one DP bitset row
+    const std::int64_t n = n_items(), d = static_cast<std::int64_t>(distinct_.size());
+    // best fit scans the fill levels once per distinct size: O(n + d * g)
+    const std::int64_t bfd_work = 32 * n + (d + 1) * static_cast<std::int64_t>(g) / 4;
     if (lazy) {  // thousands of windows: histogram packers only, O(d * g) per pass
+      charge(bfd_work);
       cur_count_ = bfd_count(g);
       cur_lazy_ = lazy_bfd;
       if (cur_count_ <= lbb) return true;
+      // a pass is at most one phase per group, each over the active sizes' rows
+      if (!afford(static_cast<std::int64_t>(cur_count_) * d * words, opt)) return false;
       const index_t h = histogram_dp(g, hd_cur_);
       if (h < cur_count_) {
         cur_count_ = h;
@@ -716,17 +733,25 @@ class planner {
       return cur_count_ <= lbb;
     }
     cur_lazy_ = lazy_none;
-    repeated_knapsack<false>(size_order(), g, cur_);  // the paper's DP on decreasing sizes
-    cur_count_ = cur_.count();
-    if (cur_count_ <= lbb) return true;
     auto take_alt = [&] {
       if (alt_.count() < cur_count_) {
         std::swap(cur_, alt_);
         cur_count_ = cur_.count();
       }
     };
+    charge(bfd_work);
     best_fit_decreasing(g, alt_);
-    take_alt();
+    // the paper's DP on decreasing sizes (a knapsack over the remaining items per group) first,
+    // best fit on a tie; best fit alone when the DP is beyond the budget
+    if (afford(static_cast<std::int64_t>(alt_.count()) * n * words, opt)) {
+      repeated_knapsack<false>(size_order(), g, cur_);
+      cur_count_ = cur_.count();
+      if (cur_count_ <= lbb) return true;
+      take_alt();
+    } else {
+      std::swap(cur_, alt_);
+      cur_count_ = cur_.count();
+    }
     if (cur_count_ <= lbb) return true;
     if (n_items() <= opt.exact_max_windows && exact_states() <= (std::int64_t{1} << 16)) {
       // exact search dominates every other packer, the paper's DP included
@@ -741,11 +766,13 @@ class planner {
       }
       return true;  // no k below the heuristic count fits: it is optimal
     }
-    histogram_dp(g, hd_cur_);
-    materialize<false>(hd_cur_, alt_);
-    take_alt();
+    if (afford(static_cast<std::int64_t>(cur_count_) * d * words, opt)) {
+      histogram_dp(g, hd_cur_);
+      materialize<false>(hd_cur_, alt_);
+      take_alt();
+    }
     if (cur_count_ <= lbb) return true;
-    if (n_items() <= opt.paper_dp_max_windows) {
+    if (n_items() <= opt.paper_dp_max_windows && afford(static_cast<std::int64_t>(cur_count_) * n * words, opt)) {
       repeated_knapsack<false>(input_order(), g, alt_);
       take_alt();
       // a bounded search for one group fewer: finds a better packing, or proves this one optimal
@@ -809,6 +836,18 @@ class planner {
     return a.lb > b.lb || (a.lb == b.lb && a.g > b.g);
   }
   //! Replaces a candidate's ceil(S/G) bound by the L2 bound. Returns true when the bound rose.
+  //! Work accounting (planner_options::work_budget): `afford` charges `units` and returns true,
+  //! or returns false (charging nothing) when they would exceed the budget.
+  void charge(std::int64_t units) { work_ += units; }
+  bool afford(std::int64_t units, const planner_options& opt) {
+    if (opt.work_budget > 0 && work_ + units > opt.work_budget) {
+      budget_hit_ = true;
+      return false;
+    }
+    work_ += units;
+    return true;
+  }
+
   bool refine(candidate& c) const {
     if (c.kind != cand_cheap) return false;
     c.kind = cand_exact;
@@ -889,11 +928,12 @@ class planner {
   bool visit(const candidate& c, const planner_options& opt, bool lazy, candidate& next) {
     // The exact group count is nonincreasing in G: a G'' >= G solved exactly bounds G too.
     index_t bins = c.bins;
-    for (const auto& e : exact_counts_)
-      if (e.first >= c.g) bins = std::max(bins, e.second);
+    // exact minimum counts are nonincreasing in G: the nearest solved G'' >= G has the largest
+    const auto solved = exact_counts_.lower_bound(c.g);
+    if (solved != exact_counts_.end()) bins = std::max(bins, solved->second);
     if (bins <= c.bins || cost_(c.g, bins) < best_cost_) {
       if (pack_fast(c.g, opt, bins, lazy))
-        exact_counts_.emplace_back(c.g, cur_count_);
+        exact_counts_.emplace(c.g, cur_count_);
       else  // not proven optimal at this G: only the bound holds for it
         unproven_lb_ = std::min(unproven_lb_, cost_(c.g, bins));
       const double cost = cost_(c.g, cur_count_);
@@ -948,6 +988,11 @@ class planner {
       candidate c = cands_.back();
       cands_.pop_back();
       if (c.lb >= best_cost_) break;  // every remaining candidate is at least as costly
+      if (opt.work_budget > 0 && work_ >= opt.work_budget) {  // out of budget: c has the least bound left
+        budget_hit_ = true;
+        unproven_lb_ = std::min(unproven_lb_, c.lb);
+        break;
+      }
       if (c.kind == cand_gen) {  // list the next range; the generator goes back with its new bound
         candidate r;
         if (next_range(c, r) && r.lb < best_cost_) {
@@ -960,6 +1005,7 @@ class planner {
         }
         continue;
       }
+      charge(fs_bounds_ ? 8 * n_items() : 4 * static_cast<std::int64_t>(distinct_.size()));
       if (refine(c)) {  // its bound rose: back into the heap, in its new place
         if (c.lb < best_cost_) {
           cands_.push_back(c);
@@ -1072,6 +1118,7 @@ class planner {
     best_holds_windows_ = false;
     out.cost = best_cost_;
     out.lower_bound = global_lower_bound();
+    out.budget_exhausted = budget_hit_;
     have_lower_bound_ = false;
   }
 
@@ -1102,7 +1149,9 @@ class planner {
   // sweep state
   std::vector<candidate> cands_;
   std::int64_t split_ = 0;  // first G covered by ranges (2 * max w, or S + 1)
-  std::vector<std::pair<index_t, index_t>> exact_counts_;  // (G, exact minimum groups at G)
+  std::map<index_t, index_t> exact_counts_;  // G -> exact minimum number of groups at G
+  std::int64_t work_ = 0;                   // work spent by this plan (see planner_options::work_budget)
+  bool budget_hit_ = false;
   detail::packing best_, cur_, alt_;
   index_t best_g_ = 0, cur_count_ = 0;
   enum lazy_packer { lazy_none, lazy_bfd, lazy_hdp };
