@@ -103,7 +103,8 @@ int cmd_plan(int argc, char** argv) {
     for (index_t g = 0; g < p.num_groups(); ++g)
       out << (g ? "," : "") << json_list(p.windows, p.group_offsets[g], p.group_offsets[g + 1]);
     out << "],\"fills\":" << json_list(p.fills, 0, p.fills.size()) << ",\"cost\":" << cli::num(p.cost, 17)
-        << ",\"lower_bound\":" << cli::num(p.lower_bound, 17);
+        << ",\"lower_bound\":" << cli::num(p.lower_bound, 17)
+        << ",\"budget_exhausted\":" << (p.budget_exhausted ? "true" : "false");
     if (batch) out << ",\"sample_offsets\":" << json_list(sample_offsets, 0, sample_offsets.size());
     out << ",\"plan_us\":" << cli::num(us, 6) << "}\n";
   } else {
@@ -117,6 +118,9 @@ int cmd_plan(int argc, char** argv) {
     if (p.num_groups() > 64) out << "  ... (" << p.num_groups() - 64 << " more; use --json)\n";
     out << "cost         " << cli::num(p.cost / 1e6, 6) << " MFLOPs (C = " << channels << ")\n"
         << "lower bound  " << cli::num(p.lower_bound / 1e6, 6) << " MFLOPs (gap " << cli::num(100 * p.gap(), 3) << "%)\n"
+        << (p.budget_exhausted ? "note         the planner's work budget ran out (sizes far beyond real windows): "
+                                 "a valid plan, the gap above holds\n"
+                               : "")
         << "planned in   " << cli::num(us, 4) << " us\n";
   }
   std::cout << out.str();
