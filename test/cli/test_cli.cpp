@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <set>
+#include <random>
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
@@ -187,4 +188,29 @@ TEST_CASE("simulate --per-sample: per-image costs with shared and per-sample mas
     CHECK(m["shared"].num > 0);
     CHECK(st["plan_us"].num > 0);
   }
+}
+
+TEST_CASE("plan reports when the planner's work budget ran out (sizes far beyond real windows)") {
+  const result small = run("plan --sizes 12,30,0,7 --json");
+  REQUIRE(small.code == 0);
+  const auto js = testjson::parse(small.out);
+  REQUIRE(js.has("budget_exhausted"));
+  CHECK_FALSE(js["budget_exhausted"].b);
+  CHECK(run("plan --sizes 12,30,0,7").out.find("note") == std::string::npos);
+  // 1,000 sizes up to 65,536: every DP bitset is a thousand words, the budget ends the sweep
+  std::string line;
+  std::vector<int> sizes;
+  std::mt19937 gen(1);  // (std::mt19937's sequence is fixed by the standard)
+  for (int i = 0; i < 1000; ++i) {
+    sizes.push_back(1 + static_cast<int>(gen() % 65536));
+    line += (i ? " " : "") + std::to_string(sizes.back());
+  }
+  const result huge = run("plan --json", line + "\n");
+  REQUIRE(huge.code == 0);
+  const auto jh = testjson::parse(huge.out);
+  CHECK(jh["budget_exhausted"].b);
+  check_plan_json(jh, sizes);
+  const result text = run("plan", line + "\n");
+  REQUIRE(text.code == 0);
+  CHECK(text.out.find("note         the planner's work budget ran out") != std::string::npos);
 }

@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
-#include <mutex>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -47,8 +46,7 @@ struct region {
   const char* what = "";
 };
 
-std::mutex g_regions_mutex;
-std::map<const char*, region> g_regions;  // by user pointer
+std::map<const char*, region> g_regions;  // by user pointer (the emulator is single-threaded)
 
 region make_region(std::size_t bytes, std::size_t align, const char* what) {
   const std::size_t pg = page_size();
@@ -689,14 +687,12 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   region r = make_region(bytes, 256, "cudaMalloc buffer");
   if (r.user == nullptr) return record(cudaErrorMemoryAllocation);
   std::memset(r.user, 0xFF, bytes);  // never-written memory reads as NaN / -1
-  std::lock_guard<std::mutex> lock(g_regions_mutex);
   g_regions[r.user] = r;
   *p = r.user;
   return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
-  std::lock_guard<std::mutex> lock(g_regions_mutex);
   const auto it = g_regions.find(static_cast<const char*>(p));
   if (it == g_regions.end()) return record(cudaErrorInvalidValue);
   drop_region(it->second);
