@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli_common.hpp"
+#include "cli_main.hpp"
 #if defined(GREENMIM_HAVE_REFERENCE) && __has_include("demo.hpp")
 #include "demo.hpp"
 #define GREENMIM_HAVE_DEMO 1
@@ -61,7 +62,7 @@ std::string json_list(const std::vector<index_t>& v, size_t b, size_t e) {
 }
 
 // ---------------------------------------------------------------------------------------------
-int cmd_plan(int argc, char** argv) {
+int cmd_plan(int argc, char** argv, std::istream& in, std::ostream& cout) {
   cli::args a(argc, argv, {"--sizes", "--channels", "--strategy", "--group-size"}, {"--json"});
   const index_t channels = static_cast<index_t>(cli::parse_int(a.get("--channels", "128"), "--channels", 1, 65536));
   planner_options opt;
@@ -78,7 +79,7 @@ int cmd_plan(int argc, char** argv) {
     lists.emplace_back(v.begin(), v.end());
   } else {
     std::string line;
-    while (std::getline(std::cin, line)) {
+    while (std::getline(in, line)) {
       auto v = cli::parse_int_list(line, "stdin sizes", 0, max_window_size);
       if (!v.empty()) lists.emplace_back(v.begin(), v.end());
     }
@@ -123,7 +124,7 @@ int cmd_plan(int argc, char** argv) {
                                : "")
         << "planned in   " << cli::num(us, 4) << " us\n";
   }
-  std::cout << out.str();
+  cout << out.str();
   return 0;
 }
 
@@ -140,19 +141,19 @@ struct stat_acc {
 struct paper_row { double paper, pxp, maxw, per_window, single; };
 const paper_row kPaperSwinB[3] = {{62.6, 65.0, 64.5, 137.5, 201.3}, {55.4, 58.5, 59.7, 113.3, 69.2}, {52.3, 52.7, 62.5, 75.7, 52.7}};
 
-int cmd_simulate(int argc, char** argv) {
+int cmd_simulate(int argc, char** argv, std::ostream& cout, const cli::limits& lim) {
   cli::args a(argc, argv, {"--model", "--masks", "--seed", "--shift", "--ratio", "--curve", "--batch"},
               {"--json", "--per-sample"});
   const std::string model_name = a.get("--model", "swin-b");
   const model_shape* m = find_model(model_name.c_str());
   if (!m) throw usage_error("--model: unknown model '" + model_name + "' (swin-b, swin-l, swin-b-w14, swin-l-w14)");
-  const int masks = static_cast<int>(cli::parse_int(a.get("--masks", "100"), "--masks", 1, 100000));
+  const int masks = static_cast<int>(cli::parse_int(a.get("--masks", "100"), "--masks", 1, lim.max_masks));
   const std::uint64_t seed = cli::parse_seed(a.get("--seed", "0"));
   const index_t shift = static_cast<index_t>(cli::parse_int(a.get("--shift", "0"), "--shift", 0, m->window - 1));
   mask_config cfg;
   cfg.ratio = cli::parse_double(a.get("--ratio", "0.75"), "--ratio", 0.0, 1.0);
   const bool per_sample = a.has("--per-sample");
-  const int batch = static_cast<int>(cli::parse_int(a.get("--batch", per_sample ? "256" : "1"), "--batch", 1, 4096));
+  const int batch = static_cast<int>(cli::parse_int(a.get("--batch", per_sample ? "256" : "1"), "--batch", 1, lim.max_batch));
   if (a.has("--batch") && !per_sample) throw usage_error("--batch applies to --per-sample only");
   if (per_sample && a.has("--curve")) throw usage_error("--curve is not available with --per-sample");
   if (cfg.num_keep() == 0) throw usage_error("--ratio leaves no visible mask unit");
@@ -161,7 +162,7 @@ int cmd_simulate(int argc, char** argv) {
   std::ofstream curve;
   if (a.has("--curve")) {
     if (curve_path.empty()) throw usage_error("--curve needs a file name");
-    curve.open(curve_path);
+    curve.open(lim.write_files ? curve_path : std::string("/dev/null"));
     if (!curve) throw usage_error("--curve: cannot write '" + curve_path + "'");
     curve << "stage,group_size,masks,mean_mflops,std_mflops,fast_mean_mflops\n";
   }
@@ -311,31 +312,36 @@ int cmd_simulate(int argc, char** argv) {
     }
   }
   js << "]}\n";
-  std::cout << (json ? js.str() : out.str());
+  cout << (json ? js.str() : out.str());
   return 0;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int greenmim::cli::run(int argc, char** argv, std::istream& in, std::ostream& out, std::ostream& err,
+                       const limits& lim) {
   if (argc < 2) {
-    std::cerr << "greenmim: missing command (plan, simulate, demo); see greenmim --help\n";
+    err << "greenmim: missing command (plan, simulate, demo); see greenmim --help\n";
     return 2;
   }
   const std::string cmd = argv[1];
   try {
     if (cmd == "--help" || cmd == "-h" || cmd == "help") {
-      std::cout << kUsage;
+      out << kUsage;
       return 0;
     }
     if (cmd == "--version") {
-      std::cout << "greenmim " << GREENMIM_VERSION_MAJOR << "." << GREENMIM_VERSION_MINOR << "." << GREENMIM_VERSION_PATCH << "\n";
+      out << "greenmim " << GREENMIM_VERSION_MAJOR << "." << GREENMIM_VERSION_MINOR << "." << GREENMIM_VERSION_PATCH << "\n";
       return 0;
     }
-    if (cmd == "plan") return cmd_plan(argc - 2, argv + 2);
-    if (cmd == "simulate") return cmd_simulate(argc - 2, argv + 2);
+    if (cmd == "plan") return cmd_plan(argc - 2, argv + 2, in, out);
+    if (cmd == "simulate") return cmd_simulate(argc - 2, argv + 2, out, lim);
     if (cmd == "demo") {
 #if defined(GREENMIM_HAVE_DEMO)
+      if (!lim.run_demo) {  // the fuzzer: the flags only (a demo run takes a second or more)
+        greenmim::demo::parse(argc - 2, argv + 2);
+        return 0;
+      }
       return greenmim_demo(argc - 2, argv + 2);
 #else
       throw usage_error("demo needs the CPU reference (Eigen); rebuild with libeigen3-dev installed");
@@ -343,10 +349,14 @@ int main(int argc, char** argv) {
     }
     throw usage_error("unknown command '" + cmd + "' (plan, simulate, demo)");
   } catch (const usage_error& e) {
-    std::cerr << "greenmim " << cmd << ": " << e.what() << "\n";
+    err << "greenmim " << cmd << ": " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "greenmim " << cmd << ": error: " << e.what() << "\n";
+    err << "greenmim " << cmd << ": error: " << e.what() << "\n";
     return 1;
   }
 }
+
+#if !defined(GREENMIM_CLI_NO_MAIN)  // defined by the fuzzer, which calls greenmim::cli::run
+int main(int argc, char** argv) { return greenmim::cli::run(argc, argv, std::cin, std::cout, std::cerr); }
+#endif
