@@ -6,9 +6,17 @@ greenmim_gpu_bench wrote (``--json-dir``), so that every path runs on the same g
              padded groups, dense q @ k^T, dense relative-position bias gathered from the table
              (zero across windows), additive -100 mask, softmax (fp32), @ v, index_select
              scatter back.
+  sdpa_efficient : torch scaled_dot_product_attention, memory-efficient backend forced
+             (sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION)), on the released path's grouped layout
+             (same gather into padded groups), with the released path's bias and -100 mask
+             materialized as a dense bf16 additive attn_mask [ng*H, G, G] broadcast over the batch
+             (built from the table on every call, so the bias gradient flows as in the released path).
   flex     : FlexAttention (torch.compile'd) over the visible tokens sorted by window, with a
              document mask (same window id) and a score_mod adding the bias from the table;
              the permutation to and from window order is included in the time.
+
+  released (compiled) : the released path under torch.compile (only with --paths ...,compiled:
+             compiling every partition costs minutes).
 
 Each is timed forward only and forward + backward (gradients of q, k, v and the bias table),
 median of --reps runs with CUDA events after warm-up. bf16 inputs. Prints a markdown table and
@@ -96,6 +104,37 @@ def released_forward(s, qkv, table):
     return o.index_select(1, s["scatter"])
 
 
+def make_sdpa_efficient(s, table):
+    """The grouped layout of the released path through SDPA's memory-efficient kernel, with the
+    bias + mask as a dense additive attn_mask. Raises if that backend refuses the inputs."""
+    import torch
+    import torch.nn.functional as F
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def efficient_only():
+            return sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION)
+    except ImportError:  # torch < 2.3
+        def efficient_only():
+            return torch.backends.cuda.sdp_kernel(enable_flash=False, enable_math=False, enable_mem_efficient=True)
+    B, H, D, G, ng, S = s["B"], s["H"], s["D"], s["G"], s["ng"], s["S"]
+    maskv = s["mask"].view(ng, 1, G, G)
+
+    def forward(qkv):
+        x = torch.cat([qkv, qkv.new_zeros(B, 1, 3, H, D)], 1)
+        xg = x.index_select(1, s["gather_pad"]).view(B, ng, G, 3, H, D).permute(3, 0, 1, 4, 2, 5)  # [3,B,ng,H,G,D]
+        q, k, v = (xg[i].reshape(B, ng * H, G, D) for i in range(3))
+        ext = torch.cat([table, table.new_zeros(1, H)], 0)
+        bias = ext[s["rel"].view(-1)].view(ng, G, G, H).permute(0, 3, 1, 2)  # [ng, H, G, G]
+        attn_mask = (bias + maskv).to(qkv.dtype).reshape(1, ng * H, G, G)  # broadcast over B
+        with efficient_only():
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=D ** -0.5)
+        o = o.view(B, ng, H, G, D).transpose(2, 3).reshape(B, S, H, D)
+        return o.index_select(1, s["scatter"])
+
+    return forward
+
+
 def make_flex(s, table):
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -127,7 +166,14 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--csv", default="")
+    ap.add_argument("--paths", default="released,sdpa_efficient,flex",
+                    help="comma-separated subset of released,sdpa_efficient,flex,compiled (default: all but compiled)")
     args = ap.parse_args()
+    want = set(p.strip() for p in args.paths.split(",") if p.strip())
+    unknown = want - {"released", "sdpa_efficient", "flex", "compiled"}
+    if unknown:
+        print(f"torch_bench: unknown --paths {sorted(unknown)}")
+        return 2
     try:
         import torch
     except Exception as e:  # noqa: BLE001
@@ -152,11 +198,20 @@ def main():
         table = (0.5 * torch.randn(s["R"], H, device=dev, generator=gen)).requires_grad_(True)
         dout = torch.randn(B, N, H, D, device=dev, generator=gen).to(torch.bfloat16)
         tag = f"stage {cfg['stage']} shift {cfg['shift']}"
-        paths = [("released (eager)", lambda x, s=s, table=table: released_forward(s, x, table))]
-        try:
-            paths.append(("flex_attention", make_flex(s, table)))
-        except Exception as e:  # noqa: BLE001
-            print(f"{tag}: flex_attention unavailable: {e}")
+        paths = []
+        if "released" in want:
+            paths.append(("released (eager)", lambda x, s=s, table=table: released_forward(s, x, table)))
+        if "compiled" in want:
+            paths.append(("released (compiled)", torch.compile(lambda x, s=s, table=table: released_forward(s, x, table))))
+        makers = [("sdpa_efficient", "sdpa (mem-efficient, dense bias)", make_sdpa_efficient),
+                  ("flex", "flex_attention", make_flex)]
+        for key, name, make in makers:
+            if key not in want:
+                continue
+            try:
+                paths.append((name, make(s, table)))
+            except Exception as e:  # noqa: BLE001
+                print(f"{tag}: {name} unavailable: {e}")
         for name, fwd in paths:
             try:
                 ref = released_forward(s, qkv, table).float()
