@@ -161,27 +161,30 @@ inline status neighbors_one(index_t height, index_t width, index_t k, span<const
   return st;
 }
 
-//! Blocks of one sample; appends to gather/next.
+//! Blocks of one sample; appends to gather/next. `count` is scratch of (height/s)*(width/s)
+//! entries, all 0 on entry and on return: visible tokens per block, so a block is read only when
+//! it is wholly visible and the partly visible ones are found in O(N + blocks).
 inline status blocks_one(index_t height, index_t width, index_t s, span<const index_t> coords, index_t first,
-                         std::vector<index_t>& grid, std::vector<index_t>& gather, std::vector<index_t>& next) {
+                         std::vector<index_t>& grid, std::vector<index_t>& count, std::vector<index_t>& gather,
+                         std::vector<index_t>& next) {
   std::int64_t placed = 0;
   status st = place_tokens(height, width, coords, first, grid, placed);
+  const index_t bw_n = width / s, ss = s * s;
+  for (std::int64_t i = 0; i < placed; ++i) ++count[(coord_h(coords[i]) / s) * bw_n + coord_w(coords[i]) / s];
   if (st == status::success) {
-    const index_t ss = s * s;
-    std::vector<index_t> part(static_cast<size_t>(ss));
     for (index_t bh = 0; bh < height / s && st == status::success; ++bh)
-      for (index_t bw = 0; bw < width / s; ++bw) {
-        int visible = 0;
-        for (index_t p = 0; p < ss; ++p) {
-          part[p] = grid[static_cast<std::int64_t>(block_h(s, bh, p)) * width + block_w(s, bw, p)];
-          visible += part[p] != pad_index;
+      for (index_t bw = 0; bw < bw_n; ++bw) {
+        const index_t c = count[bh * bw_n + bw];
+        if (c == 0) continue;
+        if (c != ss) { st = status::misaligned; break; }
+        for (index_t i = 0; i < s; ++i) {
+          const index_t* row = grid.data() + static_cast<std::int64_t>(s * bh + i) * width + s * bw;
+          gather.insert(gather.end(), row, row + s);
         }
-        if (visible == 0) continue;
-        if (visible != ss) { st = status::misaligned; break; }
-        gather.insert(gather.end(), part.begin(), part.end());
         next.push_back(pack_coord(bh, bw));
       }
   }
+  for (std::int64_t i = 0; i < placed; ++i) count[(coord_h(coords[i]) / s) * bw_n + coord_w(coords[i]) / s] = 0;
   clear_tokens(width, coords, placed, grid);
   return st;
 }
@@ -271,7 +274,8 @@ inline status transpose_neighbor_table(const neighbor_table& in, neighbor_table&
 //! Fails with `invalid_argument` (bad grid, s outside [1, 64] or not dividing the grid, two
 //! tokens at one coordinate), `out_of_range`, `misaligned` (a block partly visible), `overflow`;
 //! `out` untouched on failure. With a visible token set aligned to s, every visible token lands in
-//! exactly one block. O(height * width + N).
+//! exactly one block. O(height * width + N) (the
+//! scratch grid's fill; the work itself is O(N + blocks)).
 inline status build_block_table(index_t height, index_t width, index_t s, span<const index_t> coords,
                                 block_table& out) {
   if (status st = detail::check_block_args(height, width, s); st != status::success) return st;
@@ -282,7 +286,9 @@ inline status build_block_table(index_t height, index_t width, index_t s, span<c
   r.gather.reserve(static_cast<size_t>(coords.size()));
   r.next_coords.reserve(static_cast<size_t>(coords.size() / (s * s)));
   std::vector<index_t> grid(static_cast<size_t>(height) * width, pad_index);
-  if (status st = detail::blocks_one(height, width, s, coords, 0, grid, r.gather, r.next_coords); st != status::success)
+  std::vector<index_t> count(static_cast<size_t>(height / s) * (width / s), 0);
+  if (status st = detail::blocks_one(height, width, s, coords, 0, grid, count, r.gather, r.next_coords);
+      st != status::success)
     return st;
   r.next_cu_seqlens = {0, r.num_outputs()};
   out = std::move(r);
@@ -305,9 +311,10 @@ inline status build_block_table_per_sample(index_t height, index_t width, index_
   const std::int64_t batch = cu_seqlens.size() - 1;
   r.next_cu_seqlens.assign(static_cast<size_t>(batch) + 1, 0);
   std::vector<index_t> grid(static_cast<size_t>(height) * width, pad_index);
+  std::vector<index_t> count(static_cast<size_t>(height / s) * (width / s), 0);
   for (std::int64_t b = 0; b < batch; ++b) {
     const span<const index_t> sample = coords.subspan(cu_seqlens[b], cu_seqlens[b + 1] - cu_seqlens[b]);
-    if (status st = detail::blocks_one(height, width, s, sample, cu_seqlens[b], grid, r.gather, r.next_coords);
+    if (status st = detail::blocks_one(height, width, s, sample, cu_seqlens[b], grid, count, r.gather, r.next_coords);
         st != status::success)
       return st;
     r.next_cu_seqlens[b + 1] = r.num_outputs();
