@@ -15,6 +15,7 @@
 
 #include "cli_common.hpp"
 #include "cli_main.hpp"
+#include "simulate_twins.hpp"
 #if defined(GREENMIM_HAVE_REFERENCE) && __has_include("demo.hpp")
 #include "demo.hpp"
 #define GREENMIM_HAVE_DEMO 1
@@ -33,6 +34,7 @@ const char* kUsage =
     "            [--channels 128] [--strategy fast|paper|per-window|single] [--group-size G] [--json]\n"
     "  simulate  the paper's grouping table: --model swin-b [--masks 100] [--seed 0] [--shift 0]\n"
     "            [--ratio 0.75] [--curve FILE.csv] [--per-sample --batch 256] [--json]\n"
+    "            --model twins-l|twins-b: Twins encoder FLOPs, visible vs all tokens [--masks] [--seed] [--ratio] [--json]\n"
     "  demo      plan, index, run grouped window attention fwd+bwd on the CPU, check and time it\n"
     "            [--batch 8] [--seed 0] [--model swin-b] [--json]\n";
 
@@ -145,8 +147,9 @@ int cmd_simulate(int argc, char** argv, std::ostream& cout, const cli::limits& l
   cli::args a(argc, argv, {"--model", "--masks", "--seed", "--shift", "--ratio", "--curve", "--batch"},
               {"--json", "--per-sample"});
   const std::string model_name = a.get("--model", "swin-b");
+  if (find_twins_model(model_name.c_str())) return cli::simulate_twins(argc, argv, cout, lim);  // simulate_twins.hpp
   const model_shape* m = find_model(model_name.c_str());
-  if (!m) throw usage_error("--model: unknown model '" + model_name + "' (swin-b, swin-l, swin-b-w14, swin-l-w14)");
+  if (!m) throw usage_error("--model: unknown model '" + model_name + "' (swin-b, swin-l, swin-b-w14, swin-l-w14, twins-b, twins-l)");
   const int masks = static_cast<int>(cli::parse_int(a.get("--masks", "100"), "--masks", 1, lim.max_masks));
   const std::uint64_t seed = cli::parse_seed(a.get("--seed", "0"));
   const index_t shift = static_cast<index_t>(cli::parse_int(a.get("--shift", "0"), "--shift", 0, m->window - 1));
