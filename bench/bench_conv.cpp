@@ -93,3 +93,90 @@ BENCHMARK(BM_block_table)
     ->Args({0, 64, 2});
 
 }  // namespace
+
+// ---- CPU reference ops (Eigen) at Twins-L stage-1 sizes: PEG (depthwise 3x3, C = 128) forward and
+// backward, GSA sub-sampling (block conv sr = 8, 128 -> 128) forward; batch 8, shared mask.
+// FLOP/s counts multiply-adds x 2 over the visible tokens.
+#if defined(GREENMIM_HAVE_REFERENCE)
+#include <greenmim/reference/conv.hpp>
+
+#include <random>
+
+namespace {
+
+struct ref_case {
+  std::vector<index_t> coords;
+  neighbor_table nbr;
+  block_table blocks;
+  std::vector<float> x, w, bias, dy, wb;
+};
+
+ref_case make_ref_case(index_t B, index_t C, index_t sr) {
+  ref_case r;
+  mask_config cfg;
+  check(visible_coords(span<const std::uint8_t>(random_mask(cfg, 2022)), cfg.grid(), kGrid[0], r.coords));
+  check(build_neighbor_table(kGrid[0], kGrid[0], 3, span<const index_t>(r.coords), r.nbr));
+  check(build_block_table(kGrid[0], kGrid[0], sr, span<const index_t>(r.coords), r.blocks));
+  std::mt19937 g(1);
+  std::normal_distribution<float> d;
+  auto fill = [&](std::vector<float>& v, size_t n) { v.resize(n); for (auto& e : v) e = d(g); };
+  const size_t N = r.coords.size();
+  fill(r.x, B * N * C);
+  fill(r.dy, B * N * C);
+  fill(r.w, static_cast<size_t>(C) * 9);
+  fill(r.bias, C);
+  fill(r.wb, static_cast<size_t>(C) * C * sr * sr);
+  return r;
+}
+
+void BM_ref_depthwise_fwd(benchmark::State& state) {
+  const index_t B = static_cast<index_t>(state.range(0)), C = static_cast<index_t>(state.range(1));
+  ref_case r = make_ref_case(B, C, 8);
+  const index_t N = r.nbr.num_tokens;
+  std::vector<float> y(r.x.size());
+  for (auto _ : state) {
+    check(reference::depthwise_conv_forward<float>(span<const index_t>(r.nbr.nbr), 3, make_view(r.x.data(), B, N, C),
+                                                   make_view(r.w.data(), C, 9), span<const float>(r.bias), true,
+                                                   make_view(y.data(), B, N, C)));
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * 9 * B * N * C, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens"] = N;
+}
+
+void BM_ref_depthwise_bwd(benchmark::State& state) {
+  const index_t B = static_cast<index_t>(state.range(0)), C = static_cast<index_t>(state.range(1));
+  ref_case r = make_ref_case(B, C, 8);
+  const index_t N = r.nbr.num_tokens;
+  std::vector<float> dx(r.x.size()), dw(r.w.size()), db(C);
+  for (auto _ : state) {
+    check(reference::depthwise_conv_backward<float>(span<const index_t>(r.nbr.nbr), 3, make_view(r.x.data(), B, N, C),
+                                                    make_view(r.w.data(), C, 9), make_view(r.dy.data(), B, N, C), true,
+                                                    make_view(dx.data(), B, N, C), make_view(dw.data(), C, 9),
+                                                    span<float>(db)));
+    benchmark::DoNotOptimize(dx.data());
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * 2 * 9 * B * N * C, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_ref_block_conv_fwd(benchmark::State& state) {
+  const index_t B = static_cast<index_t>(state.range(0)), C = static_cast<index_t>(state.range(1));
+  const index_t sr = static_cast<index_t>(state.range(2));
+  ref_case r = make_ref_case(B, C, sr);
+  const index_t N = r.blocks.num_inputs, Nn = r.blocks.num_outputs();
+  std::vector<float> y(static_cast<size_t>(B) * Nn * C);
+  for (auto _ : state) {
+    check(reference::block_conv_forward<float>(span<const index_t>(r.blocks.gather), sr, make_view(r.x.data(), B, N, C),
+                                               make_view(r.wb.data(), C, C, sr, sr), span<const float>(r.bias),
+                                               make_view(y.data(), B, Nn, C)));
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * B * N * C * C, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(BM_ref_depthwise_fwd)->ArgNames({"batch", "C"})->Args({8, 128})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ref_depthwise_bwd)->ArgNames({"batch", "C"})->Args({8, 128})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ref_block_conv_fwd)->ArgNames({"batch", "C", "sr"})->Args({8, 128, 8})->Args({8, 128, 2})->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+#endif  // GREENMIM_HAVE_REFERENCE

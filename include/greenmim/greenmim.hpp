@@ -17,3 +17,4 @@
 #include "partition.hpp"
 #include "mask.hpp"
 #include "merging.hpp"
+#include "sparse_conv.hpp"
