@@ -1,0 +1,136 @@
+/*! \file greenmim_host.h
+ *  A plain C ABI over greenmim's host side: stage planning and partition indices from a mask,
+ *  patch-merging indices, and the CPU reference attention (float32/float64). It is what the
+ *  PyTorch package calls through ctypes (python/greenmim/_lib.py), so the package needs no C++
+ *  extension built against torch: one build serves every torch version (docs/design.md).
+ *
+ *  Conventions, as kernels.h:
+ *  - Every function returns 0 (GMH_OK) or a positive code; on failure `gmh_last_error()` holds
+ *    one line saying why (thread-local), and no output was written. Nothing throws across the ABI.
+ *  - Tensors are `gmh_tensor` (the same layout as kernels.h's gm_tensor): data, rank <= 4,
+ *    extents and strides in ELEMENTS. Index arrays are int32, host memory.
+ */
+#ifndef GREENMIM_HOST_H_
+#define GREENMIM_HOST_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GMH_ABI_VERSION 1
+
+enum {
+  GMH_OK = 0,
+  GMH_INVALID_ARGUMENT = 1, /*!< a refused argument: the message says which and why */
+  GMH_INTERNAL = 2          /*!< an unexpected failure (e.g. out of memory) */
+};
+
+/*! Element types of the reference attention (kernels.h numbers, plus float64). */
+enum { GMH_FLOAT32 = 0, GMH_FLOAT64 = 3 };
+
+/*! Planner strategies (greenmim::strategy). */
+enum { GMH_FAST = 0, GMH_PAPER = 1, GMH_PER_WINDOW = 2, GMH_SINGLE = 3 };
+
+typedef struct gmh_tensor {
+  void* data;
+  int32_t rank;
+  int64_t extent[4];
+  int64_t stride[4];
+} gmh_tensor;
+
+/*! Host partition indices (kernels.h's gm_partition layout). */
+typedef struct gmh_partition {
+  const int32_t* gather;
+  const int32_t* scatter;
+  const int32_t* slot_window;
+  const int32_t* slot_coord;
+  int32_t group_size;
+  int32_t num_groups;
+  int32_t num_tokens;
+} gmh_partition;
+
+/*! ABI version of this library (GMH_ABI_VERSION) and greenmim's version as major*10000+minor*100+patch. */
+int32_t gmh_abi_version(void);
+int32_t gmh_version(void);
+
+/*! Why the last call on this thread failed; "" after a success. Never NULL. */
+const char* gmh_last_error(void);
+
+/* ---- Stage partition: mask -> windows -> plan -> partition indices ------------------------- */
+
+/*! One stage of a hierarchical encoder under a mask. `visible` is [num_masks, height, width]
+ *  uint8 (nonzero = visible, row-major). num_masks == 1: one mask shared by the batch, the token
+ *  axis is that mask's visible tokens in row-major order. num_masks == B: per-sample masks, the
+ *  token axis is all samples' visible tokens, sample-major, row-major within a sample. The window
+ *  geometry applies Swin's small-stage rule (a grid no larger than the window is one window,
+ *  no shift); `info.window` / `info.shift` report what was used. */
+typedef struct gmh_stage_args {
+  const uint8_t* visible;
+  int32_t num_masks;
+  int32_t height, width;
+  int32_t window, shift;
+  int32_t strategy;   /*!< GMH_FAST (default), GMH_PAPER, GMH_PER_WINDOW, GMH_SINGLE */
+  int32_t group_size; /*!< > 0 fixes G; 0 lets the planner sweep */
+  int32_t channels;   /*!< C of the FLOPs cost model (> 0) */
+} gmh_stage_args;
+
+typedef struct gmh_stage_info {
+  int32_t group_size, num_groups, num_tokens, num_windows;
+  int32_t window, shift;     /*!< after Swin's small-stage rule */
+  int32_t budget_exhausted;  /*!< the planner's work budget ended the sweep (plan still valid) */
+  double cost, lower_bound;  /*!< FLOPs of the plan and a lower bound on any plan's */
+  double plan_us;            /*!< planner wall time */
+} gmh_stage_info;
+
+typedef struct gmh_stage gmh_stage; /*!< opaque: the built indices */
+
+/*! Builds a stage's partition. On success *out owns the indices (free with gmh_stage_free). */
+int gmh_stage_build(const gmh_stage_args* args, gmh_stage** out);
+int gmh_stage_info_get(const gmh_stage* stage, gmh_stage_info* info);
+/*! Copies the indices into caller arrays sized from the info: gather, slot_window, slot_coord
+ *  [num_groups*group_size], scatter and token_window [num_tokens], window_sizes [num_windows]
+ *  (windows of all samples, sample-major). Any pointer may be NULL (skipped). */
+int gmh_stage_copy(const gmh_stage* stage, int32_t* gather, int32_t* scatter, int32_t* slot_window,
+                   int32_t* slot_coord, int32_t* token_window, int32_t* window_sizes);
+void gmh_stage_free(gmh_stage* stage);
+
+/*! Plans window sizes (e.g. counted on the device by gm_token_windows) and writes the per-window
+ *  table gm_build_partition takes: window_group[w], window_slot_offset[w] (-1 for empty
+ *  windows). `info` gets group_size, num_groups, cost, lower_bound, plan_us (other fields 0). */
+int gmh_plan_table(const int32_t* sizes, int32_t num_windows, int32_t strategy, int32_t group_size,
+                   int32_t channels, int32_t* window_group, int32_t* window_slot_offset,
+                   gmh_stage_info* info);
+
+/*! Patch-merging indices of a stage (height, width even): `visible` as in gmh_stage_args. Writes
+ *  gather4 [N_next*4] (indices into the stage's token axis, Swin's order (0,0), (1,0), (0,1),
+ *  (1,1)); `capacity` is gather4's length (the stage's visible count always suffices); the count
+ *  N_next*4 goes to *written. A 2x2 block partly visible is refused (misaligned). */
+int gmh_merge_indices(const uint8_t* visible, int32_t num_masks, int32_t height, int32_t width,
+                      int32_t* gather4, int64_t capacity, int64_t* written);
+
+/* ---- CPU reference grouped window attention (greenmim/reference/attention.hpp) -------------- */
+
+/*! Same semantics as kernels.h's gm_attention_fwd_args / gm_attention_bwd_args, on host memory:
+ *  q, k, v, o, d_o, dq, dk, dv [B, N, heads, head_dim] (any strides), lse [B, N, heads],
+ *  bias_table / d_bias_table [(2p-1)^2, heads] (data NULL = none), all of `dtype`. The forward
+ *  writes o and lse (lse may be NULL); the backward overwrites dq, dk, dv and ACCUMULATES into
+ *  d_bias_table. scale 0 selects head_dim^-0.5. */
+typedef struct gmh_attention_args {
+  int32_t dtype;
+  gmh_tensor q, k, v, o, lse, d_o, dq, dk, dv, bias_table, d_bias_table;
+  gmh_partition part;
+  int32_t window;
+  double scale;
+} gmh_attention_args;
+
+int gmh_attention_fwd(const gmh_attention_args* args);
+int gmh_attention_bwd(const gmh_attention_args* args);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* GREENMIM_HOST_H_ */

@@ -1,0 +1,302 @@
+//! \file host_api.cpp
+//! The C ABI of greenmim_host.h: thin adapters from plain structs to the header-only library
+//! (planner, index builders, CPU reference). All arithmetic lives in include/greenmim/; this file
+//! only checks arguments, converts views and turns statuses into messages.
+#include "greenmim_host.h"
+
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <greenmim/greenmim.hpp>
+#include <greenmim/reference/attention.hpp>
+
+namespace {
+
+using namespace greenmim;
+
+thread_local std::string g_last_error;
+
+int fail(const std::string& why, int code = GMH_INVALID_ARGUMENT) {
+  g_last_error = why;
+  return code;
+}
+int fail(const char* where, status s) { return fail(std::string(where) + ": " + status_string(s)); }
+int ok() {
+  g_last_error.clear();
+  return GMH_OK;
+}
+
+//! Runs `f` and turns any exception (out of memory, a throwing wrapper) into GMH_INTERNAL.
+template <class F>
+int guarded(F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return fail("out of memory", GMH_INTERNAL);
+  } catch (const std::exception& e) {
+    return fail(std::string("internal error: ") + e.what(), GMH_INTERNAL);
+  } catch (...) {
+    return fail("internal error", GMH_INTERNAL);
+  }
+}
+
+bool valid_strategy(int32_t s) { return s >= GMH_FAST && s <= GMH_SINGLE; }
+
+}  // namespace
+
+struct gmh_stage {
+  partition_indices part;
+  std::vector<index_t> token_window;
+  std::vector<index_t> window_sizes;
+  gmh_stage_info info{};
+};
+
+namespace {
+
+//! Visible coordinates of `num_masks` masks: cu_seqlens [M+1] and packed coords (row-major).
+int mask_coords(const uint8_t* visible, int32_t num_masks, int32_t height, int32_t width,
+                std::vector<index_t>& cu, std::vector<index_t>& coords) {
+  if (!visible) return fail("visible: null pointer");
+  if (num_masks < 1) return fail("num_masks must be >= 1, got " + std::to_string(num_masks));
+  if (height < 1 || width < 1 || height > 32767 || width > 32767)
+    return fail("mask grid must be 1..32767 per side, got " + std::to_string(height) + "x" + std::to_string(width));
+  const std::int64_t total = static_cast<std::int64_t>(num_masks) * height * width;
+  if (total > (std::int64_t{1} << 31) - 1) return fail("mask has more than 2^31-1 positions");
+  if (status s = keep_mask_coords(span<const std::uint8_t>(visible, total), num_masks, height, width, cu, coords);
+      s != status::success)
+    return fail("mask", s);
+  return GMH_OK;
+}
+
+int plan_sizes(const std::vector<index_t>& sizes, int32_t strat, int32_t group_size, int32_t channels, plan& p,
+               double& plan_us) {
+  if (!valid_strategy(strat)) return fail("unknown strategy " + std::to_string(strat));
+  if (group_size < 0) return fail("group_size must be >= 0 (0 = sweep), got " + std::to_string(group_size));
+  if (channels < 1 || channels > (1 << 20)) return fail("channels must be 1..2^20, got " + std::to_string(channels));
+  planner_options opt;
+  opt.strat = static_cast<strategy>(strat);
+  opt.group_size = group_size;
+  const auto t0 = std::chrono::steady_clock::now();
+  const status s = make_plan(span<const index_t>(sizes), opt, static_cast<index_t>(channels), p);
+  plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  if (s == status::empty_input) return fail("plan: no visible token in any window");
+  if (s == status::size_exceeds_group)
+    return fail("plan: a window holds more tokens than the fixed group_size " + std::to_string(group_size));
+  if (s != status::success) return fail("plan", s);
+  return GMH_OK;
+}
+
+template <class T, int R>
+bool to_view(const gmh_tensor& t, int rank, tensor_view<T, R>& v, const char* name, std::string& why) {
+  if (!t.data) {
+    why = std::string(name) + ": null data";
+    return false;
+  }
+  if (t.rank != rank) {
+    why = std::string(name) + ": rank " + std::to_string(t.rank) + ", expected " + std::to_string(rank);
+    return false;
+  }
+  v.data = static_cast<T*>(t.data);
+  for (int i = 0; i < R; ++i) {
+    if (t.extent[i] < 0 || t.stride[i] < 0) {
+      why = std::string(name) + ": negative extent or stride";
+      return false;
+    }
+    v.extent[i] = t.extent[i];
+    v.stride[i] = t.stride[i];
+  }
+  return true;
+}
+
+partition_view to_partition(const gmh_partition& p) {
+  return partition_view{p.gather, p.scatter, p.slot_window, p.slot_coord, p.group_size, p.num_groups, p.num_tokens};
+}
+
+template <class T>
+int attention_fwd(const gmh_attention_args& a) {
+  reference::attention_args<T> r;
+  std::string why;
+  if (!to_view(a.q, 4, r.q, "q", why) || !to_view(a.k, 4, r.k, "k", why) || !to_view(a.v, 4, r.v, "v", why) ||
+      !to_view(a.o, 4, r.out, "o", why))
+    return fail(why);
+  if (a.lse.data && !to_view(a.lse, 3, r.lse, "lse", why)) return fail(why);
+  if (a.bias_table.data && !to_view(a.bias_table, 2, r.bias, "bias_table", why)) return fail(why);
+  r.part = to_partition(a.part);
+  r.window = a.window;
+  r.scale = static_cast<T>(a.scale);
+  if (status s = reference::can_implement(r); s != status::success) return fail("attention forward", s);
+  if (status s = reference::group_attention_forward(r); s != status::success) return fail("attention forward", s);
+  return ok();
+}
+
+template <class T>
+int attention_bwd(const gmh_attention_args& a) {
+  reference::attention_backward_args<T> r;
+  std::string why;
+  if (!to_view(a.q, 4, r.q, "q", why) || !to_view(a.k, 4, r.k, "k", why) || !to_view(a.v, 4, r.v, "v", why) ||
+      !to_view(a.o, 4, r.o, "o", why) || !to_view(a.d_o, 4, r.dout, "d_o", why) ||
+      !to_view(a.lse, 3, r.lse, "lse", why) || !to_view(a.dq, 4, r.dq, "dq", why) ||
+      !to_view(a.dk, 4, r.dk, "dk", why) || !to_view(a.dv, 4, r.dv, "dv", why))
+    return fail(why);
+  if (a.bias_table.data && !to_view(a.bias_table, 2, r.bias, "bias_table", why)) return fail(why);
+  if (a.d_bias_table.data && !to_view(a.d_bias_table, 2, r.dbias, "d_bias_table", why)) return fail(why);
+  r.part = to_partition(a.part);
+  r.window = a.window;
+  r.scale = static_cast<T>(a.scale);
+  if (status s = reference::can_implement(r); s != status::success) return fail("attention backward", s);
+  if (status s = reference::group_attention_backward(r); s != status::success) return fail("attention backward", s);
+  return ok();
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t gmh_abi_version(void) { return GMH_ABI_VERSION; }
+int32_t gmh_version(void) {
+  return GREENMIM_VERSION_MAJOR * 10000 + GREENMIM_VERSION_MINOR * 100 + GREENMIM_VERSION_PATCH;
+}
+const char* gmh_last_error(void) { return g_last_error.c_str(); }
+
+int gmh_stage_build(const gmh_stage_args* a, gmh_stage** out) {
+  return guarded([&]() -> int {
+    if (!a || !out) return fail("gmh_stage_build: null argument");
+    *out = nullptr;
+    if (a->window < 1 || a->window > 32767) return fail("window must be >= 1, got " + std::to_string(a->window));
+    if (a->shift < 0 || a->shift >= a->window)
+      return fail("shift must be in [0, window), got " + std::to_string(a->shift));
+    std::vector<index_t> cu, coords;
+    if (int rc = mask_coords(a->visible, a->num_masks, a->height, a->width, cu, coords)) return rc;
+    if (coords.empty()) return fail("mask: no visible token");
+    const window_geometry g = make_window_geometry(a->height, a->width, a->window, a->shift);
+    window_list wl;
+    const status ws = a->num_masks == 1
+                          ? build_windows(g, span<const index_t>(coords), wl)
+                          : build_windows_per_sample(g, span<const index_t>(cu), span<const index_t>(coords), wl);
+    if (ws != status::success) return fail("windows", ws);
+    auto st = std::make_unique<gmh_stage>();
+    st->window_sizes = wl.sizes();
+    plan p;
+    double us = 0;
+    if (int rc = plan_sizes(st->window_sizes, a->strategy, a->group_size, a->channels, p, us)) return rc;
+    if (status s = build_partition(p, wl, st->part); s != status::success) return fail("partition", s);
+    st->token_window.assign(static_cast<size_t>(wl.num_tokens), pad_index);
+    for (index_t w = 0; w < wl.num_windows(); ++w)
+      for (index_t t : wl.window(w)) st->token_window[static_cast<size_t>(t)] = w;
+    gmh_stage_info& i = st->info;
+    i.group_size = st->part.group_size;
+    i.num_groups = st->part.num_groups;
+    i.num_tokens = st->part.num_tokens;
+    i.num_windows = wl.num_windows();
+    i.window = g.window;
+    i.shift = g.shift;
+    i.budget_exhausted = p.budget_exhausted ? 1 : 0;
+    i.cost = p.cost;
+    i.lower_bound = p.lower_bound;
+    i.plan_us = us;
+    *out = st.release();
+    return ok();
+  });
+}
+
+int gmh_stage_info_get(const gmh_stage* s, gmh_stage_info* info) {
+  if (!s || !info) return fail("gmh_stage_info_get: null argument");
+  *info = s->info;
+  return ok();
+}
+
+int gmh_stage_copy(const gmh_stage* s, int32_t* gather, int32_t* scatter, int32_t* slot_window, int32_t* slot_coord,
+                   int32_t* token_window, int32_t* window_sizes) {
+  if (!s) return fail("gmh_stage_copy: null stage");
+  auto put = [](int32_t* dst, const std::vector<index_t>& src) {
+    if (dst && !src.empty()) std::memcpy(dst, src.data(), src.size() * sizeof(int32_t));
+  };
+  put(gather, s->part.gather);
+  put(scatter, s->part.scatter);
+  put(slot_window, s->part.slot_window);
+  put(slot_coord, s->part.slot_coord);
+  put(token_window, s->token_window);
+  put(window_sizes, s->window_sizes);
+  return ok();
+}
+
+void gmh_stage_free(gmh_stage* s) { delete s; }
+
+int gmh_plan_table(const int32_t* sizes, int32_t num_windows, int32_t strat, int32_t group_size, int32_t channels,
+                   int32_t* window_group, int32_t* window_slot_offset, gmh_stage_info* info) {
+  return guarded([&]() -> int {
+    if (!sizes || !window_group || !window_slot_offset || !info) return fail("gmh_plan_table: null argument");
+    if (num_windows < 1) return fail("num_windows must be >= 1, got " + std::to_string(num_windows));
+    std::vector<index_t> sz(sizes, sizes + num_windows);
+    for (index_t v : sz)
+      if (v < 0) return fail("window sizes must be >= 0, got " + std::to_string(v));
+    plan p;
+    double us = 0;
+    if (int rc = plan_sizes(sz, strat, group_size, channels, p, us)) return rc;
+    for (int32_t w = 0; w < num_windows; ++w) window_group[w] = window_slot_offset[w] = pad_index;
+    for (index_t g = 0; g < p.num_groups(); ++g) {
+      index_t off = 0;
+      for (index_t w : p.group(g)) {
+        window_group[w] = g;
+        window_slot_offset[w] = off;
+        off += sz[static_cast<size_t>(w)];
+      }
+    }
+    *info = gmh_stage_info{};
+    info->group_size = p.group_size;
+    info->num_groups = p.num_groups();
+    info->num_windows = num_windows;
+    info->budget_exhausted = p.budget_exhausted ? 1 : 0;
+    info->cost = p.cost;
+    info->lower_bound = p.lower_bound;
+    info->plan_us = us;
+    return ok();
+  });
+}
+
+int gmh_merge_indices(const uint8_t* visible, int32_t num_masks, int32_t height, int32_t width, int32_t* gather4,
+                      int64_t capacity, int64_t* written) {
+  return guarded([&]() -> int {
+    if (!gather4 || !written) return fail("gmh_merge_indices: null argument");
+    std::vector<index_t> cu, coords, g4, next_cu, next;
+    if (int rc = mask_coords(visible, num_masks, height, width, cu, coords)) return rc;
+    const status s = num_masks == 1 ? merge_indices(height, width, span<const index_t>(coords), g4, next)
+                                    : merge_indices_per_sample(height, width, span<const index_t>(cu),
+                                                               span<const index_t>(coords), g4, next_cu, next);
+    if (s == status::misaligned)
+      return fail("patch merging: a 2x2 block of tokens is partly visible (the mask unit must cover whole blocks)");
+    if (s == status::invalid_argument && (height % 2 || width % 2))
+      return fail("patch merging: grid " + std::to_string(height) + "x" + std::to_string(width) + " is not even");
+    if (s != status::success) return fail("patch merging", s);
+    if (static_cast<int64_t>(g4.size()) > capacity)
+      return fail("gather4 holds " + std::to_string(capacity) + " entries, " + std::to_string(g4.size()) + " needed");
+    if (!g4.empty()) std::memcpy(gather4, g4.data(), g4.size() * sizeof(int32_t));
+    *written = static_cast<int64_t>(g4.size());
+    return ok();
+  });
+}
+
+int gmh_attention_fwd(const gmh_attention_args* a) {
+  return guarded([&]() -> int {
+    if (!a) return fail("gmh_attention_fwd: null argument");
+    if (a->dtype == GMH_FLOAT32) return attention_fwd<float>(*a);
+    if (a->dtype == GMH_FLOAT64) return attention_fwd<double>(*a);
+    return fail("the CPU reference runs float32 and float64 only (dtype code " + std::to_string(a->dtype) + ")");
+  });
+}
+
+int gmh_attention_bwd(const gmh_attention_args* a) {
+  return guarded([&]() -> int {
+    if (!a) return fail("gmh_attention_bwd: null argument");
+    if (a->dtype == GMH_FLOAT32) return attention_bwd<float>(*a);
+    if (a->dtype == GMH_FLOAT64) return attention_bwd<double>(*a);
+    return fail("the CPU reference runs float32 and float64 only (dtype code " + std::to_string(a->dtype) + ")");
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,27 @@
+"""greenmim for PyTorch: attention on the visible tokens of masked images (GreenMIM, NeurIPS 2022).
+
+    import greenmim
+    model = greenmim.swin_base_patch4_window7_224()
+    plan = model.plan(greenmim.random_masks(), device="cuda")  # one 7x7 mask shared by the batch
+    loss = model(images, plan).float().pow(2).mean()          # visible tokens only
+
+See docs/pytorch.md. Needs PyTorch >= 2.4; the compiled parts are plain shared libraries called
+through ctypes (no extension built against torch).
+"""
+from ._lib import GreenmimError
+from ._backend import emulate_cuda
+from .indices import (MaskPlan, StagePartition, StagePlan, clear_cache, merge_indices, plan_masks, random_masks,
+                      stage_partition, window_geometry)
+from .ops import (group_window_attention, group_window_attention_packed, partition_tokens, unpartition_tokens)
+from .released import released_group_attention
+from .swin import (GroupWindowAttention, PatchMerging, VisibleSwinTransformer, swin_base_patch4_window7_224,
+                   swin_large_patch4_window7_224)
+
+__version__ = "0.1.0"
+__all__ = [
+    "GreenmimError", "emulate_cuda", "MaskPlan", "StagePartition", "StagePlan", "clear_cache", "merge_indices",
+    "plan_masks", "random_masks", "stage_partition", "window_geometry", "group_window_attention",
+    "group_window_attention_packed", "partition_tokens", "unpartition_tokens", "released_group_attention",
+    "GroupWindowAttention", "PatchMerging", "VisibleSwinTransformer", "swin_base_patch4_window7_224",
+    "swin_large_patch4_window7_224",
+]

@@ -1,0 +1,214 @@
+"""Where each op runs, and the calls into the C ABIs with torch tensors.
+
+- CPU tensors (float32/float64): the CPU reference (libgreenmim_host).
+- CUDA tensors (float32/float16/bfloat16): the kernels (libgreenmim_cuda) on torch's current
+  stream; device workspace comes from torch's caching allocator (the library never allocates).
+- With ``emulate_cuda(True)`` CPU tensors take the CUDA path instead, through the kernels built
+  for the CPU emulator (libgreenmim_emu): slow, for testing the CUDA path without a GPU.
+
+This file only checks, converts and calls: the arithmetic is in the compiled library.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from typing import Optional, Tuple
+
+import torch
+
+from . import _lib
+from ._lib import GreenmimError
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def emulate_cuda(enabled: bool = True):
+    """Within this context CPU tensors run the CUDA kernels on the CPU emulator (tests only)."""
+    old = getattr(_state, "emulate", False)
+    _state.emulate = enabled
+    try:
+        yield
+    finally:
+        _state.emulate = old
+
+
+def emulating() -> bool:
+    return getattr(_state, "emulate", False)
+
+
+def uses_kernels(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" or (t.device.type == "cpu" and emulating())
+
+
+def _kernel_lib(t: torch.Tensor):
+    return _lib.kernels(emulated=t.device.type != "cuda")
+
+
+def _stream(t: torch.Tensor) -> Optional[int]:
+    if t.device.type == "cuda":
+        return torch.cuda.current_stream(t.device).cuda_stream
+    return None
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """The kernels need a unit-stride last dimension; anything else is copied once."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def check_inputs(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size: int, window: int) -> None:
+    """Python-side checks that give a clear exception before any library call."""
+    for n, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise GreenmimError(f"greenmim: {n} must be [B, N, heads, head_dim], got shape {tuple(t.shape)}")
+    if q.shape != k.shape or q.shape != v.shape:
+        raise GreenmimError(f"greenmim: q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise GreenmimError(f"greenmim: q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise GreenmimError("greenmim: q, k, v are on different devices")
+    for n, t in (("gather", gather), ("scatter", scatter), ("slot_window", slot_window), ("slot_coord", slot_coord)):
+        if t.dtype != torch.int32 or t.dim() != 1:
+            raise GreenmimError(f"greenmim: {n} must be a 1-D int32 tensor, got {t.dtype} of shape {tuple(t.shape)}")
+        if t.device != q.device:
+            raise GreenmimError(f"greenmim: {n} is on {t.device}, q on {q.device}")
+        if not t.is_contiguous():
+            raise GreenmimError(f"greenmim: {n} must be contiguous")
+    if group_size <= 0 or gather.numel() % group_size != 0:
+        raise GreenmimError(f"greenmim: group_size {group_size} does not divide the {gather.numel()} slots")
+    if scatter.numel() != q.shape[1]:
+        raise GreenmimError(f"greenmim: the partition covers {scatter.numel()} tokens, q has N = {q.shape[1]}: "
+                            f"indices of another stage or mask?")
+    if slot_window.numel() != gather.numel() or slot_coord.numel() != gather.numel():
+        raise GreenmimError("greenmim: gather, slot_window and slot_coord must have the same length")
+    if bias is not None:
+        if bias.dim() != 2 or bias.shape[1] != q.shape[2]:
+            raise GreenmimError(f"greenmim: bias table must be [(2p-1)^2, heads={q.shape[2]}], got {tuple(bias.shape)}")
+        if bias.shape[0] != (2 * window - 1) ** 2:
+            raise GreenmimError(f"greenmim: bias table has {bias.shape[0]} rows, window {window} needs "
+                                f"{(2 * window - 1) ** 2}")
+        if bias.device != q.device:
+            raise GreenmimError(f"greenmim: bias table is on {bias.device}, q on {q.device}")
+    if uses_kernels(q):
+        if q.dtype not in _lib.GM_DTYPES:
+            raise GreenmimError(f"greenmim: the CUDA kernels take float32, float16 or bfloat16, got {q.dtype}")
+    elif q.dtype not in (torch.float32, torch.float64):
+        raise GreenmimError(f"greenmim: on the CPU the reference runs float32 and float64, got {q.dtype} "
+                            f"(fp16/bf16 run on CUDA)")
+
+
+def lse_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _bias_f32(bias: Optional[torch.Tensor], q: torch.Tensor) -> Optional[torch.Tensor]:
+    """The kernels take the bias table in float32 (autocast may hand a float32 parameter)."""
+    if bias is None:
+        return None
+    if uses_kernels(q):
+        return bias.detach().to(torch.float32).contiguous()
+    return bias.detach().to(q.dtype)
+
+
+def attention_fwd(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size: int, window: int,
+                  scale: float, algo: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
+    B, N, H, D = q.shape
+    o = torch.empty((B, N, H, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, N, H), dtype=lse_dtype(q), device=q.device)
+    if o.numel() == 0:
+        return o, lse
+    b = _bias_f32(bias, q)
+    if uses_kernels(q):
+        lib = _kernel_lib(q)
+        q, k, v = _rows(q), _rows(k), _rows(v)
+        a = _lib.FwdArgs()
+        a.dtype = _lib.GM_DTYPES[q.dtype]
+        a.q, a.k, a.v, a.o, a.lse = _lib.tensor(q), _lib.tensor(k), _lib.tensor(v), _lib.tensor(o), _lib.tensor(lse)
+        a.bias_table = _lib.tensor(b)
+        a.part = _lib.partition(gather, scatter, slot_window, slot_coord, group_size)
+        a.window, a.scale, a.algo = window, scale, _lib.GM_ALGOS[algo]
+        _lib.kernel_check(lib, lib.gm_attention_fwd(ctypes.byref(a), _stream(q)), "attention forward")
+    else:
+        a = _lib.HostAttentionArgs()
+        a.dtype = _lib.GMH_FLOAT64 if q.dtype == torch.float64 else _lib.GMH_FLOAT32
+        a.q, a.k, a.v, a.o, a.lse = _lib.tensor(q), _lib.tensor(k), _lib.tensor(v), _lib.tensor(o), _lib.tensor(lse)
+        a.bias_table = _lib.tensor(b)
+        a.part = _lib.partition(gather, scatter, slot_window, slot_coord, group_size)
+        a.window, a.scale = window, scale
+        _lib.host_check(_lib.host().gmh_attention_fwd(ctypes.byref(a)), "attention forward")
+    return o, lse
+
+
+def attention_bwd(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size: int,
+                  window: int, scale: float, dq, dk, dv, need_dbias: bool,
+                  algo: str = "auto") -> Optional[torch.Tensor]:
+    """Writes dq, dk, dv (tensors of q's shape, any strides with a unit last one) and returns
+    d(bias table) (float32 on the kernels, q's dtype on the CPU) or None."""
+    dbias = None
+    if bias is not None and need_dbias:
+        dbias = torch.zeros(bias.shape, dtype=torch.float32 if uses_kernels(q) else q.dtype, device=q.device)
+    if q.numel() == 0:
+        return dbias
+    b = _bias_f32(bias, q)
+    d_o = _rows(d_o)
+    if uses_kernels(q):
+        lib = _kernel_lib(q)
+        q, k, v, o = _rows(q), _rows(k), _rows(v), _rows(o)
+        a = _lib.BwdArgs()
+        a.dtype = _lib.GM_DTYPES[q.dtype]
+        for n, t in (("q", q), ("k", k), ("v", v), ("o", o), ("d_o", d_o), ("lse", lse), ("bias_table", b),
+                     ("dq", dq), ("dk", dk), ("dv", dv), ("d_bias_table", dbias)):
+            setattr(a, n, _lib.tensor(t))
+        a.part = _lib.partition(gather, scatter, slot_window, slot_coord, group_size)
+        a.window, a.scale, a.algo = window, scale, _lib.GM_ALGOS[algo]
+        size = ctypes.c_size_t(0)
+        _lib.kernel_check(lib, lib.gm_attention_bwd_workspace_size(ctypes.byref(a), ctypes.byref(size)),
+                          "attention backward")
+        ws = torch.empty(max(int(size.value), 1), dtype=torch.uint8, device=q.device)
+        _lib.kernel_check(lib, lib.gm_attention_bwd(ctypes.byref(a), ws.data_ptr(), size.value, _stream(q)),
+                          "attention backward")
+    else:
+        a = _lib.HostAttentionArgs()
+        a.dtype = _lib.GMH_FLOAT64 if q.dtype == torch.float64 else _lib.GMH_FLOAT32
+        for n, t in (("q", q), ("k", k), ("v", v), ("o", o), ("d_o", d_o), ("lse", lse), ("bias_table", b),
+                     ("dq", dq), ("dk", dk), ("dv", dv), ("d_bias_table", dbias)):
+            setattr(a, n, _lib.tensor(t))
+        a.part = _lib.partition(gather, scatter, slot_window, slot_coord, group_size)
+        a.window, a.scale = window, scale
+        _lib.host_check(_lib.host().gmh_attention_bwd(ctypes.byref(a)), "attention backward")
+    return dbias
+
+
+def _partition_call(fn: str, x: torch.Tensor, y: torch.Tensor, gather, scatter, slot_window, group_size: int):
+    lib = _kernel_lib(x)
+    a = _lib.PartitionArgs()
+    a.dtype = _lib.GM_DTYPES.get(x.dtype, -1)
+    if a.dtype < 0:
+        # a copy: only the element size matters
+        a.dtype = {2: 1, 4: 0}.get(x.element_size(), -1)
+        if a.dtype < 0:
+            raise GreenmimError(f"greenmim: partition on the kernels takes 2- or 4-byte elements, got {x.dtype}")
+    a.x, a.y = _lib.tensor(x), _lib.tensor(y)
+    a.part = _lib.partition(gather, scatter, slot_window, None, group_size)
+    _lib.kernel_check(lib, getattr(lib, fn)(ctypes.byref(a), _stream(x)), fn)
+
+
+def partition_tokens(x, gather, scatter, slot_window, group_size: int) -> torch.Tensor:
+    B, N, C = x.shape
+    y = torch.empty((B, gather.numel(), C), dtype=x.dtype, device=x.device)
+    if uses_kernels(x) and y.numel() > 0:
+        _partition_call("gm_partition_tokens", _rows(x), y, gather, scatter, slot_window, group_size)
+        return y
+    idx = gather.long()
+    real = (idx >= 0).view(1, -1, 1)
+    return torch.where(real, x.index_select(1, idx.clamp(min=0)), torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def unpartition_tokens(y, gather, scatter, slot_window, group_size: int) -> torch.Tensor:
+    B, S, C = y.shape
+    if uses_kernels(y) and y.numel() > 0 and scatter.numel() > 0:
+        x = torch.empty((B, scatter.numel(), C), dtype=y.dtype, device=y.device)
+        _partition_call("gm_unpartition_tokens", x, _rows(y), gather, scatter, slot_window, group_size)
+        return x
+    return y.index_select(1, scatter.long())

@@ -1,0 +1,232 @@
+"""ctypes bindings of greenmim's two C ABIs.
+
+- ``greenmim_host.h`` (libgreenmim_host.so): planner, index builders, CPU reference attention.
+- ``kernels.h`` (libgreenmim_cuda.so, or libgreenmim_emu.so: the same kernel sources on the CPU
+  emulator of test/emu, used by the tests to run the CUDA path on CPU tensors).
+
+Nothing here is compiled against torch, so one build serves every torch version. The libraries
+are looked up in ``$GREENMIM_LIB_DIR``, then next to this file (``_libs/``, where ``pip install``
+puts them), then in the source tree's ``build/lib``.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import threading
+from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int32, c_int64, c_size_t, c_uint8, c_void_p
+from typing import Optional
+
+import torch
+
+
+class GreenmimError(RuntimeError):
+    """A call into greenmim was refused; the message is the library's own reason."""
+
+
+# ---- struct layouts (must match the C headers) -------------------------------------------------
+
+class Tensor(ctypes.Structure):
+    """gm_tensor / gmh_tensor: data, rank, extents and strides in elements (rank <= 4)."""
+    _fields_ = [("data", c_void_p), ("rank", c_int32), ("extent", c_int64 * 4), ("stride", c_int64 * 4)]
+
+
+class Partition(ctypes.Structure):
+    """gm_partition / gmh_partition."""
+    _fields_ = [("gather", c_void_p), ("scatter", c_void_p), ("slot_window", c_void_p), ("slot_coord", c_void_p),
+                ("group_size", c_int32), ("num_groups", c_int32), ("num_tokens", c_int32)]
+
+
+class WindowGeometry(ctypes.Structure):
+    """gm_window_geometry (passed by value)."""
+    _fields_ = [("height", c_int32), ("width", c_int32), ("window", c_int32), ("shift", c_int32)]
+
+
+class StageArgs(ctypes.Structure):
+    _fields_ = [("visible", c_void_p), ("num_masks", c_int32), ("height", c_int32), ("width", c_int32),
+                ("window", c_int32), ("shift", c_int32), ("strategy", c_int32), ("group_size", c_int32),
+                ("channels", c_int32)]
+
+
+class StageInfo(ctypes.Structure):
+    _fields_ = [("group_size", c_int32), ("num_groups", c_int32), ("num_tokens", c_int32), ("num_windows", c_int32),
+                ("window", c_int32), ("shift", c_int32), ("budget_exhausted", c_int32),
+                ("cost", c_double), ("lower_bound", c_double), ("plan_us", c_double)]
+
+
+class HostAttentionArgs(ctypes.Structure):
+    _fields_ = [("dtype", c_int32)] + [(n, Tensor) for n in
+                                       ("q", "k", "v", "o", "lse", "d_o", "dq", "dk", "dv", "bias_table", "d_bias_table")] + \
+               [("part", Partition), ("window", c_int32), ("scale", c_double)]
+
+
+class FwdArgs(ctypes.Structure):
+    """gm_attention_fwd_args."""
+    _fields_ = [("dtype", c_int32), ("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor), ("lse", Tensor),
+                ("bias_table", Tensor), ("part", Partition), ("window", c_int32), ("scale", c_float),
+                ("algo", c_int32)]
+
+
+class BwdArgs(ctypes.Structure):
+    """gm_attention_bwd_args."""
+    _fields_ = [("dtype", c_int32)] + [(n, Tensor) for n in
+                                       ("q", "k", "v", "o", "d_o", "lse", "bias_table", "dq", "dk", "dv", "d_bias_table")] + \
+               [("part", Partition), ("window", c_int32), ("scale", c_float), ("algo", c_int32)]
+
+
+class PartitionArgs(ctypes.Structure):
+    """gm_partition_args."""
+    _fields_ = [("dtype", c_int32), ("x", Tensor), ("y", Tensor), ("part", Partition)]
+
+
+GMH_FLOAT32, GMH_FLOAT64 = 0, 3
+GM_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+GM_ALGOS = {"auto": 0, "simt": 1, "mma": 2}
+STRATEGIES = {"fast": 0, "paper": 1, "per-window": 2, "single": 3}
+_KERNELS_ABI_VERSION = 1
+_HOST_ABI_VERSION = 1
+
+
+def tensor(t: Optional[torch.Tensor]) -> Tensor:
+    """A view of ``t`` for the C ABI (a null view for None). Strides are torch's, in elements."""
+    v = Tensor()
+    if t is None:
+        return v
+    if t.dim() > 4:
+        raise GreenmimError(f"greenmim: tensors of rank <= 4 only, got shape {tuple(t.shape)}")
+    v.data = t.data_ptr() if t.numel() > 0 else (t.data_ptr() or 1)
+    v.rank = t.dim()
+    for i in range(t.dim()):
+        v.extent[i] = t.shape[i]
+        v.stride[i] = t.stride(i)
+    return v
+
+
+def partition(gather: torch.Tensor, scatter: torch.Tensor, slot_window: torch.Tensor,
+              slot_coord: Optional[torch.Tensor], group_size: int) -> Partition:
+    p = Partition()
+    p.gather, p.scatter, p.slot_window = gather.data_ptr(), scatter.data_ptr(), slot_window.data_ptr()
+    p.slot_coord = slot_coord.data_ptr() if slot_coord is not None else None
+    p.group_size = group_size
+    p.num_groups = gather.numel() // group_size if group_size > 0 else 0
+    p.num_tokens = scatter.numel()
+    return p
+
+
+# ---- loading -------------------------------------------------------------------------------------
+
+def _candidate_dirs():
+    env = os.environ.get("GREENMIM_LIB_DIR")
+    if env:
+        yield pathlib.Path(env)
+    here = pathlib.Path(__file__).resolve().parent
+    yield here / "_libs"
+    yield here.parent.parent / "build" / "lib"
+
+
+def _find(name: str) -> Optional[pathlib.Path]:
+    for d in _candidate_dirs():
+        p = d / f"lib{name}.so"
+        if p.exists():
+            return p
+    return None
+
+
+_lock = threading.Lock()
+_libs: dict = {}
+
+
+def _load(name: str, what: str) -> ctypes.CDLL:
+    with _lock:
+        if name in _libs:
+            return _libs[name]
+        path = _find(name)
+        if path is None:
+            dirs = ", ".join(str(d) for d in _candidate_dirs())
+            raise GreenmimError(
+                f"greenmim: lib{name}.so ({what}) not found in {dirs}. Build it with "
+                f"`cmake --build build --target greenmim_python_libs` or install the package with "
+                f"`pip install ./python`; GREENMIM_LIB_DIR overrides the search.")
+        lib = ctypes.CDLL(str(path))
+        _libs[name] = lib
+        return lib
+
+
+def host() -> ctypes.CDLL:
+    """The host library (planner, indices, CPU reference), loaded once."""
+    if "host" in _libs:
+        return _libs["host"]
+    lib = _load("greenmim_host", "planner, index builders and CPU reference")
+    lib.gmh_abi_version.restype = c_int32
+    if lib.gmh_abi_version() != _HOST_ABI_VERSION:
+        raise GreenmimError(f"greenmim: libgreenmim_host.so has ABI {lib.gmh_abi_version()}, "
+                            f"this package expects {_HOST_ABI_VERSION}: rebuild it")
+    lib.gmh_last_error.restype = c_char_p
+    lib.gmh_stage_build.argtypes = [POINTER(StageArgs), POINTER(c_void_p)]
+    lib.gmh_stage_info_get.argtypes = [c_void_p, POINTER(StageInfo)]
+    lib.gmh_stage_copy.argtypes = [c_void_p] + [c_void_p] * 6
+    lib.gmh_stage_free.argtypes = [c_void_p]
+    lib.gmh_stage_free.restype = None
+    lib.gmh_plan_table.argtypes = [c_void_p, c_int32, c_int32, c_int32, c_int32, c_void_p, c_void_p,
+                                   POINTER(StageInfo)]
+    lib.gmh_merge_indices.argtypes = [c_void_p, c_int32, c_int32, c_int32, c_void_p, c_int64, POINTER(c_int64)]
+    lib.gmh_attention_fwd.argtypes = [POINTER(HostAttentionArgs)]
+    lib.gmh_attention_bwd.argtypes = [POINTER(HostAttentionArgs)]
+    _libs["host"] = lib
+    return lib
+
+
+def host_check(rc: int, where: str) -> None:
+    if rc != 0:
+        msg = host().gmh_last_error().decode(errors="replace")
+        raise GreenmimError(f"greenmim: {where}: {msg}")
+
+
+def _setup_kernels(lib: ctypes.CDLL, name: str) -> ctypes.CDLL:
+    lib.gm_kernels_abi_version.restype = c_int
+    if lib.gm_kernels_abi_version() != _KERNELS_ABI_VERSION:
+        raise GreenmimError(f"greenmim: {name} has kernels ABI {lib.gm_kernels_abi_version()}, "
+                            f"this package expects {_KERNELS_ABI_VERSION}: rebuild it")
+    lib.gm_last_refusal.restype = c_char_p
+    for f, a in (("gm_attention_fwd", FwdArgs), ("gm_attention_bwd_workspace_size", BwdArgs),
+                 ("gm_partition_tokens", PartitionArgs), ("gm_unpartition_tokens", PartitionArgs)):
+        getattr(lib, f).restype = c_int
+    lib.gm_attention_fwd.argtypes = [POINTER(FwdArgs), c_void_p]
+    lib.gm_attention_bwd_workspace_size.argtypes = [POINTER(BwdArgs), POINTER(c_size_t)]
+    lib.gm_attention_bwd.argtypes = [POINTER(BwdArgs), c_void_p, c_size_t, c_void_p]
+    lib.gm_attention_bwd.restype = c_int
+    lib.gm_partition_tokens.argtypes = [POINTER(PartitionArgs), c_void_p]
+    lib.gm_unpartition_tokens.argtypes = [POINTER(PartitionArgs), c_void_p]
+    lib.gm_select_visible.argtypes = [c_void_p, POINTER(c_size_t), c_void_p, c_int32, c_int32, c_int32, c_void_p,
+                                      c_void_p, c_void_p]
+    lib.gm_select_visible.restype = c_int
+    lib.gm_token_windows.argtypes = [c_void_p, c_void_p, c_int32, c_int32, WindowGeometry, c_void_p, c_void_p,
+                                     c_void_p, c_void_p]
+    lib.gm_token_windows.restype = c_int
+    lib.gm_build_partition.argtypes = [c_void_p, POINTER(c_size_t), c_void_p, c_void_p, c_int32, c_void_p, c_int32,
+                                       c_void_p, c_void_p, c_int32, c_int32, c_void_p, c_void_p, c_void_p,
+                                       c_void_p, c_void_p]
+    lib.gm_build_partition.restype = c_int
+    return lib
+
+
+def kernels(emulated: bool = False) -> ctypes.CDLL:
+    """The kernels' C ABI: libgreenmim_cuda.so, or with ``emulated`` the CPU-emulated build."""
+    key = "emu" if emulated else "cuda"
+    if key in _libs:
+        return _libs[key]
+    name = "greenmim_emu" if emulated else "greenmim_cuda"
+    lib = _setup_kernels(_load(name, "CUDA kernels" + (" on the CPU emulator" if emulated else "")), name)
+    _libs[key] = lib
+    return lib
+
+
+_CUDA_ERRORS = {1: "cudaErrorInvalidValue", 2: "cudaErrorMemoryAllocation", 98: "cudaErrorInvalidDeviceFunction",
+                209: "cudaErrorNoKernelImageForDevice", 719: "cudaErrorLaunchFailure"}
+
+
+def kernel_check(lib: ctypes.CDLL, rc: int, where: str) -> None:
+    if rc != 0:
+        reason = lib.gm_last_refusal().decode(errors="replace")
+        name = _CUDA_ERRORS.get(rc, f"cudaError {rc}")
+        raise GreenmimError(f"greenmim: {where}: {reason or name} ({name})")

@@ -1,0 +1,271 @@
+"""greenmim's differentiable ops, registered as torch custom ops.
+
+Each primitive is a ``torch.library.custom_op`` with a fake (shape-only) twin, and autograd is
+registered on the forward op with ``torch.library.register_autograd`` (the FlashAttention
+pattern), so ``torch.compile(fullgraph=True)`` traces models that use them with no graph break.
+
+Public functions:
+- ``group_window_attention(q, k, v, bias_table, partition, window=None, scale=None)``: q, k, v
+  ``[B, N, heads, head_dim]`` (strided views of a packed qkv welcome: they are read in place);
+- ``group_window_attention_packed(qkv, bias_table, partition, ...)``: the ``[B, N, 3, heads,
+  head_dim]`` qkv projection itself; its backward writes one packed gradient;
+- ``partition_tokens(x, partition)`` / ``unpartition_tokens(y, partition)``: ``[B, N, C] <->
+  [B, num_groups * G, C]``, each other's adjoint.
+``partition`` is a :class:`greenmim.StagePartition` (from :func:`greenmim.plan_masks`).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _backend
+
+if not hasattr(torch.library, "custom_op") or not hasattr(torch.library, "register_autograd"):
+    raise ImportError(f"greenmim needs PyTorch >= 2.4 (torch.library.custom_op); this is torch {torch.__version__}")
+
+_LIB = "greenmim"
+
+
+# ---- attention ----------------------------------------------------------------------------------
+
+@torch.library.custom_op(f"{_LIB}::attention_fwd", mutates_args=())
+def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], gather: Tensor, scatter: Tensor,
+                   slot_window: Tensor, slot_coord: Tensor, group_size: int, window: int, scale: float,
+                   algo: str) -> Tuple[Tensor, Tensor]:
+    _backend.check_inputs(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, window)
+    return _backend.attention_fwd(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, window,
+                                  scale, algo)
+
+
+@_attention_fwd.register_fake
+def _(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo):
+    B, N, H, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), \
+        q.new_empty((B, N, H), dtype=_backend.lse_dtype(q))
+
+
+@torch.library.custom_op(f"{_LIB}::attention_bwd", mutates_args=())
+def _attention_bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, bias: Optional[Tensor],
+                   gather: Tensor, scatter: Tensor, slot_window: Tensor, slot_coord: Tensor, group_size: int,
+                   window: int, scale: float, algo: str, need_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    dq, dk, dv = (torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
+    db = _backend.attention_bwd(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size,
+                                window, scale, dq, dk, dv, need_dbias, algo)
+    return dq, dk, dv, db if db is not None else q.new_empty((0,))
+
+
+@_attention_bwd.register_fake
+def _(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo,
+      need_dbias):
+    grads = [q.new_empty(q.shape) for _ in range(3)]
+    if bias is not None and need_dbias:
+        db = bias.new_empty(bias.shape, dtype=q.dtype if q.device.type == "cpu" and q.dtype == torch.float64
+                            else torch.float32)
+    else:
+        db = q.new_empty((0,))
+    return grads[0], grads[1], grads[2], db
+
+
+def _fwd_setup(ctx, inputs, output):
+    q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord)
+    ctx.meta = (group_size, window, scale, algo)
+    ctx.bias_grad = bias is not None and ctx.needs_input_grad[3]
+
+
+def _fwd_backward(ctx, d_o, d_lse):
+    q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord = ctx.saved_tensors
+    group_size, window, scale, algo = ctx.meta
+    dq, dk, dv, db = torch.ops.greenmim.attention_bwd(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window,
+                                                      slot_coord, group_size, window, scale, algo, ctx.bias_grad)
+    db = db.to(bias.dtype) if ctx.bias_grad else None
+    return dq, dk, dv, db, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd(f"{_LIB}::attention_fwd", _fwd_backward, setup_context=_fwd_setup)
+
+
+# Packed qkv: reads the [B, N, 3, H, D] projection in place, writes one packed gradient.
+@torch.library.custom_op(f"{_LIB}::attention_packed_fwd", mutates_args=())
+def _attention_packed_fwd(qkv: Tensor, bias: Optional[Tensor], gather: Tensor, scatter: Tensor, slot_window: Tensor,
+                          slot_coord: Tensor, group_size: int, window: int, scale: float,
+                          algo: str) -> Tuple[Tensor, Tensor]:
+    q, k, v = _split_packed(qkv)
+    _backend.check_inputs(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, window)
+    return _backend.attention_fwd(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, window,
+                                  scale, algo)
+
+
+@_attention_packed_fwd.register_fake
+def _(qkv, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo):
+    B, N, _, H, D = qkv.shape
+    return qkv.new_empty((B, N, H, D)), qkv.new_empty((B, N, H), dtype=_backend.lse_dtype(qkv))
+
+
+@torch.library.custom_op(f"{_LIB}::attention_packed_bwd", mutates_args=())
+def _attention_packed_bwd(d_o: Tensor, qkv: Tensor, o: Tensor, lse: Tensor, bias: Optional[Tensor], gather: Tensor,
+                          scatter: Tensor, slot_window: Tensor, slot_coord: Tensor, group_size: int, window: int,
+                          scale: float, algo: str, need_dbias: bool) -> Tuple[Tensor, Tensor]:
+    q, k, v = _split_packed(qkv)
+    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    dq, dk, dv = dqkv.unbind(2)
+    db = _backend.attention_bwd(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size,
+                                window, scale, dq, dk, dv, need_dbias, algo)
+    return dqkv, db if db is not None else qkv.new_empty((0,))
+
+
+@_attention_packed_bwd.register_fake
+def _(d_o, qkv, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo, need_dbias):
+    if bias is not None and need_dbias:
+        db = bias.new_empty(bias.shape, dtype=qkv.dtype if qkv.device.type == "cpu" and qkv.dtype == torch.float64
+                            else torch.float32)
+    else:
+        db = qkv.new_empty((0,))
+    return qkv.new_empty(qkv.shape), db
+
+
+def _split_packed(qkv: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    if qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise _backend.GreenmimError(f"greenmim: qkv must be [B, N, 3, heads, head_dim], got {tuple(qkv.shape)}")
+    return qkv.unbind(2)
+
+
+def _packed_setup(ctx, inputs, output):
+    qkv, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo = inputs
+    o, lse = output
+    ctx.save_for_backward(qkv, o, lse, bias, gather, scatter, slot_window, slot_coord)
+    ctx.meta = (group_size, window, scale, algo)
+    ctx.bias_grad = bias is not None and ctx.needs_input_grad[1]
+
+
+def _packed_backward(ctx, d_o, d_lse):
+    qkv, o, lse, bias, gather, scatter, slot_window, slot_coord = ctx.saved_tensors
+    group_size, window, scale, algo = ctx.meta
+    dqkv, db = torch.ops.greenmim.attention_packed_bwd(d_o, qkv, o, lse, bias, gather, scatter, slot_window,
+                                                       slot_coord, group_size, window, scale, algo, ctx.bias_grad)
+    db = db.to(bias.dtype) if ctx.bias_grad else None
+    return dqkv, db, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd(f"{_LIB}::attention_packed_fwd", _packed_backward, setup_context=_packed_setup)
+
+
+# ---- partition / unpartition ----------------------------------------------------------------------
+
+def _check_tokens(x: Tensor, gather: Tensor, scatter: Tensor, group_size: int, slots_axis: bool) -> None:
+    if x.dim() != 3:
+        raise _backend.GreenmimError(f"greenmim: features must be [B, tokens, C], got {tuple(x.shape)}")
+    for n, t in (("gather", gather), ("scatter", scatter)):
+        if t.dtype != torch.int32 or t.dim() != 1 or t.device != x.device:
+            raise _backend.GreenmimError(f"greenmim: {n} must be a 1-D int32 tensor on {x.device}")
+    want = gather.numel() if slots_axis else scatter.numel()
+    if x.shape[1] != want:
+        what = "slots (num_groups * G)" if slots_axis else "tokens"
+        raise _backend.GreenmimError(f"greenmim: features have {x.shape[1]} rows, the partition has {want} {what}")
+    if group_size <= 0 or gather.numel() % group_size:
+        raise _backend.GreenmimError(f"greenmim: group_size {group_size} does not divide {gather.numel()} slots")
+
+
+@torch.library.custom_op(f"{_LIB}::partition", mutates_args=())
+def _partition(x: Tensor, gather: Tensor, scatter: Tensor, slot_window: Tensor, group_size: int) -> Tensor:
+    _check_tokens(x, gather, scatter, group_size, slots_axis=False)
+    return _backend.partition_tokens(x, gather, scatter, slot_window, group_size)
+
+
+@_partition.register_fake
+def _(x, gather, scatter, slot_window, group_size):
+    return x.new_empty((x.shape[0], gather.shape[0], x.shape[2]))
+
+
+@torch.library.custom_op(f"{_LIB}::unpartition", mutates_args=())
+def _unpartition(y: Tensor, gather: Tensor, scatter: Tensor, slot_window: Tensor, group_size: int) -> Tensor:
+    _check_tokens(y, gather, scatter, group_size, slots_axis=True)
+    return _backend.unpartition_tokens(y, gather, scatter, slot_window, group_size)
+
+
+@_unpartition.register_fake
+def _(y, gather, scatter, slot_window, group_size):
+    return y.new_empty((y.shape[0], scatter.shape[0], y.shape[2]))
+
+
+def _index_setup(ctx, inputs, output):
+    _, gather, scatter, slot_window, group_size = inputs
+    ctx.save_for_backward(gather, scatter, slot_window)
+    ctx.group_size = group_size
+
+
+def _partition_backward(ctx, grad):
+    gather, scatter, slot_window = ctx.saved_tensors
+    return torch.ops.greenmim.unpartition(grad, gather, scatter, slot_window, ctx.group_size), None, None, None, None
+
+
+def _unpartition_backward(ctx, grad):
+    gather, scatter, slot_window = ctx.saved_tensors
+    return torch.ops.greenmim.partition(grad, gather, scatter, slot_window, ctx.group_size), None, None, None, None
+
+
+torch.library.register_autograd(f"{_LIB}::partition", _partition_backward, setup_context=_index_setup)
+torch.library.register_autograd(f"{_LIB}::unpartition", _unpartition_backward, setup_context=_index_setup)
+
+
+# ---- public API -----------------------------------------------------------------------------------
+
+def _resolve(q: Tensor, bias: Optional[Tensor], part, window: Optional[int], scale: Optional[float]):
+    w = part.window if window is None else int(window)
+    s = float(q.shape[-1]) ** -0.5 if scale is None else float(scale)
+    return w, s
+
+
+def _autocast(*ts: Tensor) -> List[Tensor]:
+    """Under CUDA autocast, float32 inputs run in the autocast dtype (as F.linear's outputs do)."""
+    t0 = ts[0]
+    if t0.device.type == "cuda" and t0.dtype == torch.float32 and torch.is_autocast_enabled():
+        dt = torch.get_autocast_gpu_dtype()
+        return [t.to(dt) for t in ts]
+    return list(ts)
+
+
+def group_window_attention(q: Tensor, k: Tensor, v: Tensor, bias_table: Optional[Tensor], partition,
+                           window: Optional[int] = None, scale: Optional[float] = None,
+                           algo: str = "auto") -> Tensor:
+    """Grouped window attention on visible tokens: ``[B, N, heads, head_dim] -> [B, N, heads, head_dim]``.
+
+    Each token attends the tokens of its own window (cross-window and padding pairs are skipped
+    exactly), with the relative-position bias ``bias_table[(2p-1)^2, heads]`` (None: no bias).
+    Differentiable in q, k, v and bias_table. ``scale`` defaults to ``head_dim ** -0.5``;
+    ``window`` to the partition's (after Swin's small-stage rule). ``algo``: "auto", "simt" or
+    "mma" (CUDA only; see kernels.h)."""
+    w, s = _resolve(q, bias_table, partition, window, scale)
+    q, k, v = _autocast(q, k, v)
+    o, _ = torch.ops.greenmim.attention_fwd(q, k, v, bias_table, partition.gather, partition.scatter,
+                                            partition.slot_window, partition.slot_coord, partition.group_size, w, s,
+                                            algo)
+    return o
+
+
+def group_window_attention_packed(qkv: Tensor, bias_table: Optional[Tensor], partition,
+                                  window: Optional[int] = None, scale: Optional[float] = None,
+                                  algo: str = "auto") -> Tensor:
+    """As :func:`group_window_attention` on the packed ``[B, N, 3, heads, head_dim]`` projection
+    (``qkv(x).view(B, N, 3, heads, head_dim)``): no copy in, one packed gradient out."""
+    w, s = _resolve(qkv, bias_table, partition, window, scale)
+    (qkv,) = _autocast(qkv)
+    o, _ = torch.ops.greenmim.attention_packed_fwd(qkv, bias_table, partition.gather, partition.scatter,
+                                                   partition.slot_window, partition.slot_coord, partition.group_size,
+                                                   w, s, algo)
+    return o
+
+
+def partition_tokens(x: Tensor, partition) -> Tensor:
+    """Groups token features ``[B, N, C] -> [B, num_groups * G, C]`` (padding rows zero)."""
+    return torch.ops.greenmim.partition(x, partition.gather, partition.scatter, partition.slot_window,
+                                        partition.group_size)
+
+
+def unpartition_tokens(y: Tensor, partition) -> Tensor:
+    """Ungroups ``[B, num_groups * G, C] -> [B, N, C]`` (padding rows are never read)."""
+    return torch.ops.greenmim.unpartition(y, partition.gather, partition.scatter, partition.slot_window,
+                                          partition.group_size)

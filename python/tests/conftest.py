@@ -1,0 +1,53 @@
+"""Shared helpers of the package tests: random masks and plans, and an independent oracle."""
+import os
+import sys
+
+import pytest
+import torch
+
+import greenmim
+
+
+def pytest_report_header(config):
+    return f"torch {torch.__version__}, greenmim libs from {os.environ.get('GREENMIM_LIB_DIR', '(default search)')}"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little") if os.environ.get("GREENMIM_RANDOM_SEED") else 1234)
+    yield
+
+
+def random_stage_mask(grid, unit, batch=None, keep=None, gen=None):
+    """A mask at token resolution `grid x grid` made of `unit x unit` blocks (mask units)."""
+    u = grid // unit
+    B = 1 if batch is None else batch
+    m = torch.zeros(B, u * u, dtype=torch.bool)
+    for b in range(B):
+        k = keep if keep is not None else int(torch.randint(1, u * u + 1, (1,), generator=gen))
+        m[b, torch.randperm(u * u, generator=gen)[:k]] = True
+    m = m.view(B, u, u).repeat_interleave(unit, 1).repeat_interleave(unit, 2)
+    return m[0] if batch is None else m
+
+
+def token_coords(part):
+    """(h, w) of each token of the axis, from the partition alone."""
+    c = part.slot_coord.long()[part.scatter.long()]
+    return c >> 16, c & 0xFFFF
+
+
+def oracle_attention(q, k, v, bias_table, part, window, scale=None):
+    """Dense window-by-window attention over the token axis in plain torch: token i attends the
+    tokens of its own window (same sample), nothing else. No groups, no padding."""
+    B, N, H, D = q.shape
+    scale = D ** -0.5 if scale is None else scale
+    tw = part.token_window.long()
+    h, w = token_coords(part)
+    same = tw[:, None] == tw[None, :]
+    s = torch.einsum("bihd,bjhd->bhij", q * scale, k)
+    if bias_table is not None:
+        rel = ((h[:, None] - h[None, :]) + window - 1) * (2 * window - 1) + (w[:, None] - w[None, :]) + window - 1
+        rel = torch.where(same, rel, torch.zeros_like(rel))
+        s = s + bias_table[rel.view(-1)].view(N, N, H).permute(2, 0, 1).to(q.dtype)
+    s = s.masked_fill(~same, float("-inf"))
+    return torch.einsum("bhij,bjhd->bihd", s.softmax(-1), v)

@@ -1,0 +1,114 @@
+"""From masks to stage plans: token counts, partition invariants, merge indices, caching, errors."""
+import pytest
+import torch
+
+import greenmim
+from greenmim import GreenmimError
+from conftest import random_stage_mask, token_coords
+
+
+def _check_partition(part, mask):
+    """Every token in exactly one slot, padding consistent, coordinates = the mask's visible
+    positions in row-major order (sample-major with per-sample masks), windows as geometry."""
+    M = mask.shape[0] if mask.dim() == 3 else 1
+    m = mask if mask.dim() == 3 else mask.unsqueeze(0)
+    pos = torch.nonzero(m)                      # (b, h, w) row-major, sample-major
+    assert part.num_tokens == pos.shape[0]
+    g, s = part.gather.long(), part.scatter.long()
+    assert torch.equal(g[s], torch.arange(part.num_tokens))
+    pad = g < 0
+    assert torch.equal(pad, part.slot_window < 0)
+    assert int((~pad).sum()) == part.num_tokens
+    h, w = token_coords(part)
+    assert torch.equal(h, pos[:, 1]) and torch.equal(w, pos[:, 2])
+    off = (part.window - part.shift) % part.window
+    H, W = m.shape[1:]
+    nww = (W - 1 + off) // part.window + 1
+    nwh = (H - 1 + off) // part.window + 1
+    want_window = pos[:, 0] * (nwh * nww) + ((h + off) // part.window) * nww + (w + off) // part.window
+    assert torch.equal(part.token_window.long(), want_window)
+    assert torch.equal(part.slot_window.long()[s], want_window)
+    fills = (~pad).view(part.num_groups, part.group_size).sum(1)
+    assert int(fills.max()) <= part.group_size
+    assert part.cost >= part.lower_bound > 0
+
+
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_plan_masks_swin_b(per_sample):
+    vis = greenmim.random_masks(4 if per_sample else None)
+    plan = greenmim.plan_masks(vis, cache=False)
+    assert plan.per_sample == per_sample and len(plan.stages) == 4
+    units = vis.view(-1, 49).sum(1)
+    for s, st in enumerate(plan.stages):
+        per_unit = (8 >> s) ** 2
+        assert st.num_tokens == int(units.sum()) * per_unit if per_sample else int(units[0]) * per_unit
+        for part in st.partitions:
+            _check_partition(part, st.visible if per_sample else st.visible[0])
+        if per_sample:
+            counts = st.visible.flatten(1).sum(1)
+            assert torch.equal(st.cu_seqlens[1:] - st.cu_seqlens[:-1], counts)
+    # stage 4 (7x7 grid, window 7): one window, no shift
+    assert plan.stages[3].partitions[1].shift == 0 and plan.stages[3].partitions[1].window == 7
+
+
+def test_merge_indices_follow_swin_order():
+    for batch in (None, 3):
+        m = random_stage_mask(28, 4, batch)
+        merge = greenmim.merge_indices(m)
+        m3 = m if batch else m.unsqueeze(0)
+        pos = torch.nonzero(m3)
+        nxt = torch.nonzero(m3[:, ::2, ::2])
+        assert merge.shape == (nxt.shape[0], 4)
+        for k, (dh, dw) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):
+            src = pos[merge[:, k]]
+            assert torch.equal(src[:, 0], nxt[:, 0])
+            assert torch.equal(src[:, 1], 2 * nxt[:, 1] + dh) and torch.equal(src[:, 2], 2 * nxt[:, 2] + dw)
+
+
+def test_cache_hits_and_distinguishes():
+    greenmim.clear_cache()
+    m = random_stage_mask(28, 4)
+    a = greenmim.stage_partition(m, 7, 3, 128)
+    assert greenmim.stage_partition(m.clone(), 7, 3, 128) is a
+    assert greenmim.stage_partition(m, 7, 0, 128) is not a
+    m2 = m.clone()
+    m2[0:4, 0:4] = ~m2[0:4, 0:4]
+    assert greenmim.stage_partition(m2, 7, 3, 128) is not a
+
+
+def test_fixed_group_size_and_strategies():
+    m = random_stage_mask(56, 8)
+    base = greenmim.stage_partition(m, 7, 0, 128, cache=False)
+    for strat in ("paper", "per-window", "single"):
+        p = greenmim.stage_partition(m, 7, 0, 128, strategy=strat, cache=False)
+        _check_partition(p, m)
+        if strat == "paper":
+            assert base.cost <= p.cost + 1e-6          # ours is never costlier than Algorithm 1
+    fixed = greenmim.stage_partition(m, 7, 0, 128, group_size=64, cache=False)
+    assert fixed.group_size == 64
+    _check_partition(fixed, m)
+
+
+def test_errors():
+    with pytest.raises(GreenmimError, match="bool"):
+        greenmim.plan_masks(torch.ones(7, 7, dtype=torch.uint8))
+    with pytest.raises(GreenmimError, match="no visible"):
+        greenmim.plan_masks(torch.zeros(7, 7, dtype=torch.bool))
+    with pytest.raises(GreenmimError, match="does not tile"):
+        greenmim.plan_masks(torch.ones(5, 5, dtype=torch.bool))
+    pixels = torch.rand(56, 56) < 0.5           # patch-resolution noise: 2x2 blocks partly visible
+    with pytest.raises(GreenmimError, match="partly visible"):
+        greenmim.plan_masks(pixels)
+    with pytest.raises(GreenmimError, match="unknown strategy"):
+        greenmim.stage_partition(random_stage_mask(14, 7), 7, 0, 64, strategy="best")
+    with pytest.raises(GreenmimError, match="group_size"):
+        greenmim.stage_partition(torch.ones(14, 14, dtype=torch.bool), 7, 0, 64, group_size=10, cache=False)
+    with pytest.raises(GreenmimError, match="shift"):
+        greenmim.stage_partition(random_stage_mask(14, 7), 7, 7, 64)
+
+
+def test_random_masks():
+    g = torch.Generator().manual_seed(0)
+    m = greenmim.random_masks(8, generator=g)
+    assert m.shape == (8, 7, 7) and torch.all(m.view(8, -1).sum(1) == 12)
+    assert greenmim.random_masks().sum() == 12

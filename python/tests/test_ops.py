@@ -1,0 +1,163 @@
+"""The ops on the CPU: exact against an independent oracle, gradcheck, adjointness, views,
+custom-op contracts, and clear errors on bad input."""
+import pytest
+import torch
+
+import greenmim
+from greenmim import GreenmimError
+from conftest import oracle_attention, random_stage_mask
+
+
+def _case(grid=14, unit=2, window=7, shift=3, batch=None, heads=2, head_dim=4, B=2, dtype=torch.float64,
+          strategy="fast"):
+    m = random_stage_mask(grid, unit, batch)
+    part = greenmim.stage_partition(m, window, shift, channels=heads * head_dim, strategy=strategy, cache=False)
+    N = part.num_tokens
+    Bx = 1 if batch is not None else B
+    q, k, v = (torch.randn(Bx, N, heads, head_dim, dtype=dtype) for _ in range(3))
+    bias = torch.randn((2 * part.window - 1) ** 2, heads, dtype=dtype)
+    return part, q, k, v, bias
+
+
+@pytest.mark.parametrize("shift", [0, 3])
+@pytest.mark.parametrize("batch", [None, 3])
+@pytest.mark.parametrize("strategy", ["fast", "paper", "per-window", "single"])
+def test_forward_equals_window_oracle(shift, batch, strategy):
+    for _ in range(3):
+        part, q, k, v, bias = _case(shift=shift, batch=batch, strategy=strategy)
+        o = greenmim.group_window_attention(q, k, v, bias, part)
+        torch.testing.assert_close(o, oracle_attention(q, k, v, bias, part, part.window), rtol=1e-12, atol=1e-12)
+        o_nb = greenmim.group_window_attention(q, k, v, None, part)
+        torch.testing.assert_close(o_nb, oracle_attention(q, k, v, None, part, part.window), rtol=1e-12, atol=1e-12)
+
+
+def test_backward_equals_oracle_autograd():
+    for shift in (0, 3):
+        part, q, k, v, bias = _case(shift=shift, batch=2)
+        leaves = [t.requires_grad_() for t in (q, k, v, bias)]
+        g = torch.randn(q.shape, dtype=q.dtype)
+        got = torch.autograd.grad(greenmim.group_window_attention(q, k, v, bias, part), leaves, g)
+        want = torch.autograd.grad(oracle_attention(q, k, v, bias, part, part.window), leaves, g)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
+
+
+def test_released_path_agrees():
+    part, q, k, v, bias = _case(grid=28, unit=4)
+    torch.testing.assert_close(greenmim.group_window_attention(q, k, v, bias, part),
+                               greenmim.released_group_attention(q, k, v, bias, part), rtol=1e-10, atol=1e-12)
+
+
+def test_gradcheck_attention():
+    part, q, k, v, bias = _case(grid=14, unit=7, heads=2, head_dim=3, B=1)
+    for t in (q, k, v, bias):
+        t.requires_grad_()
+    assert torch.autograd.gradcheck(lambda *a: greenmim.group_window_attention(*a, part), (q, k, v, bias))
+
+
+def test_gradcheck_packed_and_partition():
+    part, q, *_ = _case(grid=14, unit=7, heads=1, head_dim=2, B=1)
+    N = part.num_tokens
+    qkv = torch.randn(1, N, 3, 1, 2, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(169, 1, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: greenmim.group_window_attention_packed(a, b, part), (qkv, bias))
+    x = torch.randn(2, N, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a: greenmim.partition_tokens(a, part), (x,))
+    y = torch.randn(2, part.num_groups * part.group_size, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a: greenmim.unpartition_tokens(a, part), (y,))
+
+
+def test_packed_views_read_in_place_and_match():
+    part, *_ = _case(batch=None)
+    N = part.num_tokens
+    qkv = torch.randn(2, N, 3, 2, 4, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(169, 2, dtype=torch.float64, requires_grad=True)
+    q, k, v = qkv.unbind(2)                      # strided views, not copies
+    assert not q.is_contiguous()
+    o1 = greenmim.group_window_attention(q, k, v, bias, part)
+    o2 = greenmim.group_window_attention_packed(qkv, bias, part)
+    o3 = greenmim.group_window_attention(q.contiguous(), k.contiguous(), v.contiguous(), bias, part)
+    assert torch.equal(o1, o2) and torch.equal(o1, o3)
+    g = torch.randn_like(o1)
+    g1 = torch.autograd.grad(o1, (qkv, bias), g)
+    g2 = torch.autograd.grad(o2, (qkv, bias), g)
+    torch.testing.assert_close(g1[0], g2[0], rtol=0, atol=0)
+    torch.testing.assert_close(g1[1], g2[1], rtol=1e-14, atol=1e-14)
+
+
+def test_partition_round_trip_and_adjoint():
+    for batch in (None, 4):
+        part, *_ = _case(batch=batch, grid=28, unit=4)
+        x = torch.randn(1 if batch else 3, part.num_tokens, 5, dtype=torch.float64)
+        y = greenmim.partition_tokens(x, part)
+        assert y.shape == (x.shape[0], part.num_groups * part.group_size, 5)
+        assert torch.equal(greenmim.unpartition_tokens(y, part), x)
+        pad = part.gather < 0
+        assert torch.all(y[:, pad] == 0)
+        z = torch.randn_like(y)
+        lhs = (y * z).sum()
+        rhs = (x * greenmim.unpartition_tokens(z, part)).sum()
+        torch.testing.assert_close(lhs, rhs, rtol=1e-12, atol=1e-12)
+
+
+def test_nan_does_not_cross_windows():
+    part, q, k, v, bias = _case(grid=14, unit=2, shift=0)
+    tw = part.token_window
+    victim = int(tw[0])
+    v = v.clone()
+    v[:, tw == victim] = float("nan")
+    o = greenmim.group_window_attention(q, k, v, bias, part)
+    assert torch.isnan(o[:, tw == victim]).all()
+    assert torch.isfinite(o[:, tw != victim]).all()
+
+
+def test_float32_on_cpu():
+    part, q, k, v, bias = _case(dtype=torch.float32)
+    o = greenmim.group_window_attention(q, k, v, bias, part)
+    ref = oracle_attention(q.double(), k.double(), v.double(), bias.double(), part, part.window)
+    torch.testing.assert_close(o.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck needs a newer torch")
+def test_opcheck_contracts():
+    part, q, k, v, bias = _case(batch=None)
+    args = (q, k, v, bias, part.gather, part.scatter, part.slot_window, part.slot_coord, part.group_size, part.window,
+            0.5, "auto")
+    torch.library.opcheck(torch.ops.greenmim.attention_fwd.default, args)
+    qkv = torch.stack([q, k, v], 2).requires_grad_()
+    torch.library.opcheck(torch.ops.greenmim.attention_packed_fwd.default,
+                          (qkv, bias.requires_grad_(), *args[4:]))
+    x = torch.randn(2, part.num_tokens, 3, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(torch.ops.greenmim.partition.default,
+                          (x, part.gather, part.scatter, part.slot_window, part.group_size))
+
+
+def _raises(match, fn):
+    with pytest.raises(GreenmimError, match=match):
+        fn()
+
+
+def test_bad_input_raises_clear_errors():
+    part, q, k, v, bias = _case()
+    other, *_ = _case(grid=28, unit=4)
+    _raises("covers .* tokens", lambda: greenmim.group_window_attention(q, k, v, bias, other))
+    _raises("shapes differ", lambda: greenmim.group_window_attention(q, k[:, :, :1], v, bias, part))
+    _raises("dtypes differ", lambda: greenmim.group_window_attention(q, k.float(), v, bias, part))
+    _raises("float32 and float64", lambda: greenmim.group_window_attention(q.half(), k.half(), v.half(), bias, part))
+    _raises("bias table has", lambda: greenmim.group_window_attention(q, k, v, bias[:-1], part))
+    _raises(r"\[B, N, heads, head_dim\]", lambda: greenmim.group_window_attention(q[0], k[0], v[0], bias, part))
+    _raises("rows", lambda: greenmim.partition_tokens(torch.randn(1, part.num_tokens + 1, 2), part))
+    # A corrupted partition is refused by the library's own checks, with its reason.
+    bad = greenmim.StagePartition(**{**part.__dict__, "gather": part.gather.clone()})
+    bad.gather[0] = part.num_tokens + 5
+    with pytest.raises(GreenmimError, match="attention forward: .*out of range|covers"):
+        greenmim.group_window_attention(q, k, v, bias, bad)
+
+
+def test_lse_output_and_scale():
+    part, q, k, v, bias = _case()
+    o, lse = torch.ops.greenmim.attention_fwd(q, k, v, bias, part.gather, part.scatter, part.slot_window,
+                                              part.slot_coord, part.group_size, part.window, 0.3, "auto")
+    torch.testing.assert_close(o, oracle_attention(q, k, v, bias, part, part.window, scale=0.3), rtol=1e-12,
+                               atol=1e-12)
+    assert lse.shape == q.shape[:3] and torch.isfinite(lse).all()

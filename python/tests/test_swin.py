@@ -1,0 +1,131 @@
+"""The visible-token Swin encoder: equal to timm's SwinTransformer when every token is visible,
+every attention equal to the window oracle under masks, per-sample packing equal to one sample
+at a time, timm checkpoints loading parameter for parameter."""
+import pytest
+import torch
+
+import greenmim
+from conftest import oracle_attention
+
+timm = pytest.importorskip("timm")
+
+TINY = dict(img_size=224, patch_size=4, embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7)
+
+
+def _pair(dtype=torch.float64, **kw):
+    cfg = {**TINY, **kw}
+    ref = timm.models.swin_transformer.SwinTransformer(num_classes=0, drop_path_rate=0.0, **cfg).to(dtype).eval()
+    ours = greenmim.VisibleSwinTransformer(**cfg).to(dtype).eval()
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    return ref, ours
+
+
+def test_all_visible_equals_timm():
+    ref, ours = _pair()
+    x = torch.randn(2, 3, 224, 224, dtype=torch.float64)
+    plan = ours.plan(torch.ones(7, 7, dtype=torch.bool))
+    with torch.no_grad():
+        want = ref.forward_features(x)                  # [B, 7, 7, C], cyclic shift + -100 mask
+        got = ours(x, plan)                             # [B, 49, C]
+    torch.testing.assert_close(got, want.reshape(2, 49, -1), rtol=1e-9, atol=1e-9)
+
+
+def test_all_visible_per_sample_equals_timm():
+    ref, ours = _pair()
+    x = torch.randn(2, 3, 224, 224, dtype=torch.float64)
+    plan = ours.plan(torch.ones(2, 7, 7, dtype=torch.bool))
+    with torch.no_grad():
+        got = ours(x, plan)                             # [1, 2 * 49, C]
+        want = ref.forward_features(x).reshape(1, 98, -1)
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+def _attention_hooks(model, log):
+    def hook(mod, args, out):
+        x, part = args
+        log.append((mod, x.detach(), part, out.detach()))
+    return [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, greenmim.GroupWindowAttention)]
+
+
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_every_attention_equals_window_oracle(per_sample):
+    _, ours = _pair()
+    vis = greenmim.random_masks(3 if per_sample else None)
+    plan = ours.plan(vis)
+    log = []
+    hooks = _attention_hooks(ours, log)
+    with torch.no_grad():
+        ours(torch.randn(3, 3, 224, 224, dtype=torch.float64), plan)
+    for h in hooks:
+        h.remove()
+    assert len(log) == sum(TINY["depths"])
+    shifted_seen = False
+    for mod, x, part, out in log:
+        shifted_seen |= part.shift > 0
+        B, N, C = x.shape
+        qkv = mod.qkv(x).view(B, N, 3, mod.num_heads, mod.head_dim)
+        o = oracle_attention(*qkv.unbind(2), mod.relative_position_bias_table, part, part.window)
+        torch.testing.assert_close(out, mod.proj(o.reshape(B, N, C)), rtol=1e-10, atol=1e-10)
+    assert shifted_seen
+
+
+def test_per_sample_equals_one_sample_at_a_time():
+    _, ours = _pair()
+    vis = greenmim.random_masks(3)
+    x = torch.randn(3, 3, 224, 224, dtype=torch.float64)
+    with torch.no_grad():
+        plan = ours.plan(vis)
+        packed = ours(x, plan)
+        cu = plan.stages[-1].cu_seqlens
+        for b in range(3):
+            alone = ours(x[b:b + 1], ours.plan(vis[b]))
+            torch.testing.assert_close(packed[:, int(cu[b]):int(cu[b + 1])], alone, rtol=1e-10, atol=1e-10)
+
+
+def test_released_attention_impl_agrees_and_trains():
+    ref, ours = _pair()
+    rel = greenmim.VisibleSwinTransformer(**TINY, attn_impl="released").double()
+    rel.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 3, 224, 224, dtype=torch.float64)
+    plan = ours.plan(greenmim.random_masks())
+    a, b = ours(x, plan), rel(x, plan)
+    torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    a.square().mean().backward()
+    b.square().mean().backward()
+    for (n, p), (_, q) in zip(ours.named_parameters(), rel.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-7, atol=1e-9, msg=n)
+
+
+@pytest.mark.parametrize("name", ["swin_base_patch4_window7_224", "swin_large_patch4_window7_224"])
+def test_timm_checkpoint_loads_parameter_for_parameter(name):
+    ref = timm.create_model(name, pretrained=False, num_classes=1000)
+    ours = getattr(greenmim, name)(num_classes=1000)
+    sd = ref.state_dict()
+    assert {k: tuple(v.shape) for k, v in sd.items()} == {k: tuple(v.shape) for k, v in ours.state_dict().items()}
+    ours.load_state_dict(sd, strict=True)
+    if name == "swin_base_patch4_window7_224":
+        x = torch.randn(1, 3, 224, 224)
+        with torch.no_grad():
+            plan = ours.plan(torch.ones(7, 7, dtype=torch.bool))
+            torch.testing.assert_close(ours(x, plan), ref.eval().forward_features(x).reshape(1, 49, -1),
+                                       rtol=2e-4, atol=2e-4)
+            logits = ours.forward_head(ours(x, plan), plan)
+            torch.testing.assert_close(logits, ref(x), rtol=2e-4, atol=2e-4)
+
+
+def test_training_step_reduces_loss_on_cpu():
+    torch.manual_seed(0)
+    model = greenmim.VisibleSwinTransformer(**TINY, drop_path_rate=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(2, 3, 224, 224)
+    plan = model.plan(greenmim.random_masks(2))
+    target = torch.randn(1, plan.stages[-1].num_tokens, model.num_features)
+    losses = []
+    for _ in range(4):
+        loss = (model(x, plan) - target).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < losses[0]
+    assert model.layers[0].blocks[1].attn.relative_position_bias_table.grad.abs().sum() > 0
