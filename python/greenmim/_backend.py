@@ -52,6 +52,13 @@ def _stream(t: torch.Tensor) -> Optional[int]:
     return None
 
 
+def device_buffer(nbytes: int, like: torch.Tensor) -> Tuple[torch.Tensor, int]:
+    """Scratch memory from torch's allocator (the library never allocates), and its first
+    256-byte aligned address (CUB and the backward's workspace want that alignment)."""
+    buf = torch.empty(int(nbytes) + 256, dtype=torch.uint8, device=like.device)
+    return buf, (buf.data_ptr() + 255) & ~255
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """The kernels need a unit-stride last dimension; anything else is copied once."""
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -165,8 +172,8 @@ def attention_bwd(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot
         size = ctypes.c_size_t(0)
         _lib.kernel_check(lib, lib.gm_attention_bwd_workspace_size(ctypes.byref(a), ctypes.byref(size)),
                           "attention backward")
-        ws = torch.empty(max(int(size.value), 1), dtype=torch.uint8, device=q.device)
-        _lib.kernel_check(lib, lib.gm_attention_bwd(ctypes.byref(a), ws.data_ptr(), size.value, _stream(q)),
+        ws, ws_ptr = device_buffer(size.value, q)
+        _lib.kernel_check(lib, lib.gm_attention_bwd(ctypes.byref(a), ws_ptr, size.value, _stream(q)),
                           "attention backward")
     else:
         a = _lib.HostAttentionArgs()

@@ -170,8 +170,8 @@ def _device_partition(mask: Tensor, window, shift, channels, strategy, group_siz
     positions, count = torch.empty(cap, **i32), torch.empty(1, **i32)
     check(lib.gm_select_visible(None, ctypes.byref(tmp), mask.data_ptr(), M, H, W, positions.data_ptr(),
                                 count.data_ptr(), stream), "select visible")
-    temp = torch.empty(max(tmp.value, 1), dtype=torch.uint8, device=dev)
-    check(lib.gm_select_visible(temp.data_ptr(), ctypes.byref(tmp), mask.data_ptr(), M, H, W, positions.data_ptr(),
+    temp, temp_ptr = _backend.device_buffer(tmp.value, mask)
+    check(lib.gm_select_visible(temp_ptr, ctypes.byref(tmp), mask.data_ptr(), M, H, W, positions.data_ptr(),
                                 count.data_ptr(), stream), "select visible")
     geom = _lib.WindowGeometry(H, W, win, sh)
     off = (win - sh) % win  # geometry.hpp: windows per side of the non-cyclic shifted partition
@@ -197,8 +197,8 @@ def _device_partition(mask: Tensor, window, shift, channels, strategy, group_siz
                       M * nw_per, d_group.data_ptr(), d_offset.data_ptr(), G, ng, gather.data_ptr(),
                       scatter.data_ptr(), slot_window.data_ptr(), slot_coord.data_ptr(), stream)
     check(lib.gm_build_partition(*args(None)), "build partition")
-    temp = torch.empty(max(tmp.value, 1), dtype=torch.uint8, device=dev)
-    check(lib.gm_build_partition(*args(temp.data_ptr())), "build partition")
+    temp, temp_ptr = _backend.device_buffer(tmp.value, mask)
+    check(lib.gm_build_partition(*args(temp_ptr)), "build partition")
     return StagePartition(gather, scatter, slot_window, slot_coord, token_window[:N].clone(), group_size=G,
                           num_groups=ng, num_tokens=N, window=win, shift=sh, cost=info.cost,
                           lower_bound=info.lower_bound, plan_us=info.plan_us,

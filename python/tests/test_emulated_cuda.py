@@ -1,0 +1,89 @@
+"""The package's CUDA path (ctypes marshalling of views, strides, dtypes, lse, workspace, d(bias)
+accumulation, device-side index building) run on CPU tensors through the kernels built for the
+CPU emulator (libgreenmim_emu). The kernels themselves are tested in C++ (greenmim_emu_tests);
+this proves the glue the GPU will run. Slow per element: tiny shapes."""
+import pathlib
+import os
+
+import pytest
+import torch
+
+import greenmim
+from greenmim import GreenmimError
+from conftest import oracle_attention, random_stage_mask
+
+_lib_dir = pathlib.Path(os.environ.get("GREENMIM_LIB_DIR", pathlib.Path(__file__).resolve().parents[2] / "build/lib"))
+pytestmark = pytest.mark.skipif(not (_lib_dir / "libgreenmim_emu.so").exists(),
+                                reason="libgreenmim_emu.so not built (needs the CUDA headers)")
+
+TOL = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("per_sample", [False, True])
+@pytest.mark.parametrize("shift", [0, 3])
+def test_device_index_building_equals_host(per_sample, shift):
+    m = random_stage_mask(28, 4, 3 if per_sample else None)
+    host = greenmim.stage_partition(m, 7, shift, 128, cache=False)
+    with greenmim.emulate_cuda():
+        dev = greenmim.stage_partition(m, 7, shift, 128, cache=False)
+    for f in ("gather", "scatter", "slot_window", "slot_coord", "token_window"):
+        assert torch.equal(getattr(host, f), getattr(dev, f)), f
+    assert (host.group_size, host.num_groups, host.window, host.shift) == \
+        (dev.group_size, dev.num_groups, dev.window, dev.shift)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_packed_attention_forward_backward(dtype):
+    part = greenmim.stage_partition(random_stage_mask(14, 2), 7, 3, 64, cache=False)
+    N = part.num_tokens
+    qkv = torch.randn(2, N, 3, 2, 32).to(dtype).requires_grad_()
+    bias = torch.randn(169, 2, requires_grad=True)
+    with greenmim.emulate_cuda():
+        o = greenmim.group_window_attention_packed(qkv, bias, part)
+        g = torch.randn(o.shape).to(dtype)
+        o.backward(g)
+    assert o.dtype == dtype and qkv.grad.dtype == dtype and bias.grad.dtype == torch.float32
+    qkv64 = qkv.detach().double().requires_grad_()
+    b64 = bias.detach().double().requires_grad_()
+    o64 = oracle_attention(*qkv64.unbind(2), b64, part, part.window)
+    o64.backward(g.double())
+    scale = lambda t: max(1.0, float(t.abs().max()))
+    tol = TOL[dtype]
+    o = o.detach()
+    assert float((o.double() - o64).abs().max()) <= tol * scale(o64)
+    assert float((qkv.grad.double() - qkv64.grad).abs().max()) <= tol * scale(qkv64.grad)
+    assert float((bias.grad.double() - b64.grad).abs().max()) <= tol * scale(b64.grad) * 4
+
+
+def test_dbias_deterministic_and_views_per_sample():
+    part = greenmim.stage_partition(random_stage_mask(14, 7, 3, keep=2), 7, 0, 64, cache=False)
+    N = part.num_tokens
+    qkv = torch.randn(1, N, 3, 1, 32, dtype=torch.float16)
+    grads = []
+    for _ in range(2):
+        q, k, v = (t.requires_grad_() for t in qkv.clone().unbind(2))   # separate strided views
+        bias = torch.randn(169, 1, generator=torch.Generator().manual_seed(3), requires_grad=True)
+        with greenmim.emulate_cuda():
+            greenmim.group_window_attention(q, k, v, bias, part).float().sum().backward()
+        grads.append(bias.grad.clone())
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_partition_ops_on_kernels():
+    part = greenmim.stage_partition(random_stage_mask(28, 4), 7, 3, 128, cache=False)
+    x = torch.randn(2, part.num_tokens, 16, dtype=torch.bfloat16)
+    with greenmim.emulate_cuda():
+        y = greenmim.partition_tokens(x, part)
+        back = greenmim.unpartition_tokens(y, part)
+    assert torch.equal(y, greenmim.partition_tokens(x.float(), part).to(torch.bfloat16))
+    assert torch.equal(back, x)
+
+
+def test_kernel_refusals_are_exceptions():
+    part = greenmim.stage_partition(random_stage_mask(14, 7), 7, 0, 64, cache=False)
+    q = torch.randn(1, part.num_tokens, 1, 48)          # head_dim 48: not implemented by the kernels
+    with greenmim.emulate_cuda(), pytest.raises(GreenmimError, match="head_dim"):
+        greenmim.group_window_attention(q, q, q, None, part)
+    q = torch.randn(1, part.num_tokens, 1, 32, dtype=torch.float64)
+    with greenmim.emulate_cuda(), pytest.raises(GreenmimError, match="float32, float16 or bfloat16"):
+        greenmim.group_window_attention(q, q, q, None, part)
