@@ -6,11 +6,22 @@
 //! (padding). A team of TPR = 2^k lanes (the smallest power of two covering the row's chunks,
 //! at most 32) copies one row in chunks of the widest width (16, 8, 4 or 2 bytes) that divides
 //! every row start and the row length: 16-byte loads/stores for the usual aligned rows, a
-//! narrower "tail" width for odd feature sizes. Grid: (row tiles, samples).
+//! narrower "tail" width for odd feature sizes.
+//!
+//! Bytes in flight: the index of a row is the same for every sample, so a thread reads it once
+//! and then copies its chunk(s) of that row for several samples; each pass first issues all its
+//! loads (up to 8 chunks: K chunks of the row times 8/K samples, held in registers) and only then
+//! the stores, so a thread has up to 8 independent loads outstanding instead of one load, one
+//! store, one load... (a store may alias a later load as far as the compiler knows).
+//! Grid: x = row tiles of 256 threads; y = sample slices of `spt` samples. It is sized to the
+//! device: the fewest samples per thread for which the whole grid fits in one wave of
+//! `k_resident_ctas` CTAs per SM (the __launch_bounds__ guarantee), else 8/K samples per pass
+//! and several passes per thread, balanced so that no slice of CTAs runs a pass alone.
 #include <greenmim/kernels.h>
 
 #include <cstdint>
 
+#include "detail/copy_grid.hpp"
 #include "detail/device_common.cuh"
 #include "detail/launch.cuh"
 #include "detail/host_checks.hpp"
@@ -31,23 +42,46 @@ struct copy_params {
   int batch = 0;
   int chunks = 0;                       // chunks of sizeof(V) per row
   int tpr_log2 = 0;
+  int spt = 1;                          // samples per thread and pass (1 .. 8/K)
 };
 
-template <class V>
-__global__ void __launch_bounds__(256) copy_rows(const copy_params p) {
+//! K: chunks of the row per lane and pass (1, 2, 4 or 8); up to 8/K samples per pass.
+template <class V, int K>
+__global__ void __launch_bounds__(k_copy_threads, k_resident_ctas) copy_rows(const copy_params p) {
+  constexpr int S = k_copy_vectors / K;
   const int tpr = 1 << p.tpr_log2;
   const int lane = threadIdx.x & (tpr - 1);
   const int r = static_cast<int>((static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> p.tpr_log2);
   if (r >= p.dst_rows) return;
   const index_t sr = p.index[r];
   const bool real = static_cast<unsigned>(sr) < static_cast<unsigned>(p.src_rows);
-  for (int b = blockIdx.y; b < p.batch; b += gridDim.y) {
-    V* d = reinterpret_cast<V*>(p.dst + b * p.dst_s0 + r * p.dst_s1);
-    if (real) {
-      const V* s = reinterpret_cast<const V*>(p.src + b * p.src_s0 + sr * p.src_s1);
-      for (int c = lane; c < p.chunks; c += tpr) d[c] = __ldg(s + c);
-    } else {
-      for (int c = lane; c < p.chunks; c += tpr) d[c] = V{};
+  const char* const src_row = p.src + (real ? sr * p.src_s1 : 0);
+  char* const dst_row = p.dst + r * p.dst_s1;
+  const int step = static_cast<int>(gridDim.y) * p.spt;
+  for (int b0 = static_cast<int>(blockIdx.y) * p.spt; b0 < p.batch; b0 += step) {
+    const int nb = p.batch - b0 < p.spt ? p.batch - b0 : p.spt;  // samples in this pass
+    for (int c0 = lane; c0 < p.chunks; c0 += K * tpr) {
+      V v[S][K];
+#pragma unroll
+      for (int i = 0; i < S; ++i)
+#pragma unroll
+        for (int j = 0; j < K; ++j) v[i][j] = V{};
+      if (real) {  // every load of the pass before any store
+#pragma unroll
+        for (int i = 0; i < S; ++i) {
+          const V* s = reinterpret_cast<const V*>(src_row + (b0 + i) * p.src_s0);
+#pragma unroll
+          for (int j = 0; j < K; ++j)
+            if (i < nb && c0 + j * tpr < p.chunks) v[i][j] = __ldg(s + c0 + j * tpr);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < S; ++i) {
+        V* d = reinterpret_cast<V*>(dst_row + (b0 + i) * p.dst_s0);
+#pragma unroll
+        for (int j = 0; j < K; ++j)
+          if (i < nb && c0 + j * tpr < p.chunks) d[c0 + j * tpr] = v[i][j];
+      }
     }
   }
 }
@@ -81,13 +115,19 @@ cudaError_t check_partition_args(const gm_partition_args* a, bool unpartition) {
 template <class V>
 cudaError_t launch_copy(copy_params p, std::int64_t row_bytes, cudaStream_t stream) {
   p.chunks = static_cast<int>(row_bytes / static_cast<std::int64_t>(sizeof(V)));
-  int l = 0;
-  while ((1 << l) < p.chunks && l < 5) ++l;
-  p.tpr_log2 = l;
-  const std::int64_t threads = static_cast<std::int64_t>(p.dst_rows) << l;
-  const unsigned gx = static_cast<unsigned>((threads + 255) / 256);
-  const unsigned gy = static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535);
-  return launch(copy_rows<V>, dim3(gx, gy), 256, 0, stream, p);
+  int dev = 0, sms = 0;
+  GM_TRY(cudaGetDevice(&dev));
+  GM_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const copy_grid g = plan_copy_grid(p.dst_rows, p.chunks, p.batch, sms);
+  p.tpr_log2 = g.tpr_log2;
+  p.spt = g.spt;
+  const dim3 grid(static_cast<unsigned>(g.gx), static_cast<unsigned>(g.gy));
+  switch (g.k) {
+    case 1: return launch(copy_rows<V, 1>, grid, k_copy_threads, 0, stream, p);
+    case 2: return launch(copy_rows<V, 2>, grid, k_copy_threads, 0, stream, p);
+    case 4: return launch(copy_rows<V, 4>, grid, k_copy_threads, 0, stream, p);
+    default: return launch(copy_rows<V, 8>, grid, k_copy_threads, 0, stream, p);
+  }
 }
 
 cudaError_t run_copy(const gm_partition_args* a, bool unpartition, cudaStream_t stream) {

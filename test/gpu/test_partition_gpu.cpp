@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "../../kernels/detail/copy_grid.hpp"
+
 namespace {
 
 using namespace gm_test;
@@ -86,6 +88,83 @@ TEST_CASE("gpu partition/unpartition: vectorized and tail paths, padding zeroed,
       check_round_trip(per_sample, dt, C, 0, rng);
     }
   check_round_trip(shared, GM_BFLOAT16, 128, 3, rng);  // misaligned base: narrow path
+}
+
+TEST_CASE("partition launch shape (host): rows and chunks covered, one wave when it fits, balanced passes") {
+  using greenmim::detail::cuda::copy_grid;
+  using greenmim::detail::cuda::plan_copy_grid;
+  constexpr int threads = greenmim::detail::cuda::k_copy_threads;
+  constexpr int vectors = greenmim::detail::cuda::k_copy_vectors;
+  constexpr int resident = greenmim::detail::cuda::k_resident_ctas;
+  int n = 0;
+  for (std::int64_t rows : {1, 7, 12, 48, 192, 784, 5000, 100000})
+    for (std::int64_t chunks : {1, 2, 3, 16, 25, 32, 37, 64, 100, 128, 256, 1000})
+      for (std::int64_t batch : {1, 2, 3, 8, 11, 81, 128, 1000, 1000000})
+        for (int sms : {1, 2, 108, 132}) {
+          const copy_grid g = plan_copy_grid(rows, chunks, batch, sms);
+          INFO("rows " << rows << " chunks " << chunks << " batch " << batch << " sms " << sms);
+          const std::int64_t tpr = std::int64_t{1} << g.tpr_log2;
+          REQUIRE(g.tpr_log2 >= 0);
+          REQUIRE(g.tpr_log2 <= 5);
+          CHECK((tpr >= chunks || tpr == 32));          // a team covers the row, or is a full warp
+          CHECK((tpr == 1 || tpr / 2 < chunks));        // and is no wider than needed
+          const std::int64_t per_lane = (chunks + tpr - 1) / tpr;
+          CHECK((g.k == 1 || g.k == 2 || g.k == 4 || g.k == 8));
+          CHECK((g.k >= per_lane || g.k == vectors));
+          CHECK((g.k == 1 || g.k / 2 < per_lane));
+          CHECK(g.spt >= 1);
+          CHECK(g.spt * g.k <= vectors);
+          CHECK(g.gx * threads >= rows * tpr);         // every row has a team
+          CHECK((g.gx - 1) * threads < rows * tpr);
+          CHECK(g.gy >= 1);
+          CHECK(g.gy <= 65535);
+          CHECK(g.gy <= (batch + g.spt - 1) / g.spt);  // no CTA row without samples
+          const std::int64_t wave = std::int64_t{sms} * resident;
+          if (g.gx <= wave) CHECK(g.gx * g.gy <= wave);  // never a partial second wave
+          if (g.gx * ((batch + vectors / g.k - 1) / (vectors / g.k)) <= wave) {
+            CHECK(g.gx * ((batch + g.spt - 1) / g.spt) <= wave);  // the whole batch in one wave
+            if (g.spt > 1) CHECK(g.gx * ((batch + g.spt - 2) / (g.spt - 1)) > wave);  // with the fewest samples per thread
+          }
+          ++n;
+        }
+  CHECK(n > 0);
+  // the Swin-B stage shapes on an H100 (132 SMs), batch 128, bf16, 16-byte chunks
+  const copy_grid s1 = plan_copy_grid(784, 16, 128, 132), s3 = plan_copy_grid(48, 64, 128, 132);
+  CHECK(s1.k == 1);
+  CHECK(s1.spt == 8);  // 2 passes of 8 samples, 49 x 8 CTAs
+  CHECK(s1.gy == 8);
+  CHECK(s3.k == 2);
+  CHECK(s3.spt == 2);  // the whole stage-3 copy in flight at once: 6 x 64 CTAs
+  CHECK(s3.gy == 64);
+}
+
+TEST_CASE("gpu partition/unpartition: every launch shape (samples per thread, passes, chunks per lane, tiny row counts)") {
+  GM_SKIP_WITHOUT_DEVICE();
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  // Batches chosen for a 132-SM device (H100, and the emulator): see plan_copy_grid. On other
+  // devices the shapes differ, the results must not.
+  problem s1 = shared_mask_problem(rng, 56, 7, 3, 1);  // ~784 rows
+  problem s3 = shared_mask_problem(rng, 14, 7, 0, 1);  // ~48 rows
+  problem tiny = shared_mask_problem(rng, 7, 7, 0, 1);  // one window: ~12 rows
+  const problem flat = per_sample_problem(rng, 56, 7, 0, 8, 0.3);  // B = 1, thousands of rows
+  auto with_batch = [](problem p, std::int64_t b) {
+    p.batch = b;
+    return p;
+  };
+  check_round_trip(with_batch(s1, 11), GM_BFLOAT16, 128, 0, rng);   // 2 samples per thread, one wave
+  check_round_trip(with_batch(s1, 83), GM_BFLOAT16, 128, 0, rng);   // 8 per pass, 2 passes, partial last pass
+  check_round_trip(with_batch(s3, 96), GM_BFLOAT16, 512, 0, rng);   // 2 chunks per lane, 2 samples
+  check_round_trip(with_batch(s3, 5), GM_BFLOAT16, 1000, 0, rng);   // 4 chunks per lane (125 chunks)
+  check_round_trip(with_batch(s3, 3), GM_FLOAT32, 1024, 0, rng);    // 8 chunks per lane, 1 sample
+  check_round_trip(with_batch(s3, 2), GM_FLOAT32, 1100, 0, rng);    // 275 chunks: two chunk passes per lane
+  check_round_trip(with_batch(s3, 40), GM_BFLOAT16, 37, 0, rng);    // odd C: 2-byte chunks, 2 per lane
+  check_round_trip(with_batch(s1, 20), GM_FLOAT16, 100, 0, rng);    // 8-byte chunks, 25 per row
+  check_round_trip(with_batch(s1, 20), GM_BFLOAT16, 128, 1, rng);   // misaligned base, many samples
+  check_round_trip(with_batch(tiny, 1), GM_BFLOAT16, 128, 0, rng);  // tiny row count
+  check_round_trip(with_batch(tiny, 700), GM_BFLOAT16, 8, 0, rng);  // one chunk per row, 700 samples
+  check_round_trip(flat, GM_BFLOAT16, 256, 0, rng);                 // B = 1, more row tiles than a wave
 }
 
 namespace {
