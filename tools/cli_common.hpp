@@ -127,6 +127,22 @@ class args {
   std::vector<std::pair<std::string, std::string>> kv_;
 };
 
+//! `s` with every control character written as \xNN: an error quotes user text (an argument may
+//! hold a newline), and the program's contract is ONE line on stderr (found by test/fuzz).
+inline std::string one_line(const std::string& s) {
+  std::string r;
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) {
+      char buf[5];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      r += buf;
+    } else {
+      r += static_cast<char>(c);
+    }
+  }
+  return r;
+}
+
 //! Formats a double for JSON (finite; shortest round-trippable-ish with 17 significant digits
 //! trimmed to 10 for readability of MFLOPs).
 inline std::string num(double v, int prec = 10) {

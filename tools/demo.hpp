@@ -397,14 +397,14 @@ inline int greenmim_demo(int argc, char** argv) {
   try {
     opt = greenmim::demo::parse(argc, argv);
   } catch (const greenmim::cli::usage_error& e) {
-    std::fprintf(stderr, "greenmim demo: %s\n", e.what());
+    std::fprintf(stderr, "greenmim demo: %s\n", greenmim::cli::one_line(e.what()).c_str());
     return 2;
   }
 #if defined(GREENMIM_HAVE_REFERENCE)
   try {
     return greenmim::demo::run(opt);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "greenmim demo: error: %s\n", e.what());
+    std::fprintf(stderr, "greenmim demo: error: %s\n", greenmim::cli::one_line(e.what()).c_str());
     return 1;
   }
 #else

@@ -64,7 +64,7 @@ std::string json_list(const std::vector<index_t>& v, size_t b, size_t e) {
 }
 
 // ---------------------------------------------------------------------------------------------
-int cmd_plan(int argc, char** argv, std::istream& in, std::ostream& cout) {
+int cmd_plan(int argc, char** argv, std::istream& in, std::ostream& cout, const cli::limits& lim) {
   cli::args a(argc, argv, {"--sizes", "--channels", "--strategy", "--group-size"}, {"--json"});
   const index_t channels = static_cast<index_t>(cli::parse_int(a.get("--channels", "128"), "--channels", 1, 65536));
   planner_options opt;
@@ -92,6 +92,11 @@ int cmd_plan(int argc, char** argv, std::istream& in, std::ostream& cout) {
     if (l.empty()) throw usage_error("an empty size list");
     sizes.insert(sizes.end(), l.begin(), l.end());
     sample_offsets.push_back(static_cast<index_t>(sizes.size()));
+  }
+  if (lim.max_total < max_total_size) {  // the fuzzer's bound on the paper's O(S^2 n) sweep
+    std::int64_t total = 0;
+    for (index_t w : sizes) total += w;
+    if (total > lim.max_total) throw usage_error("sizes sum to more than " + std::to_string(lim.max_total));
   }
   plan p;
   const auto t0 = std::chrono::steady_clock::now();
@@ -337,7 +342,7 @@ int greenmim::cli::run(int argc, char** argv, std::istream& in, std::ostream& ou
       out << "greenmim " << GREENMIM_VERSION_MAJOR << "." << GREENMIM_VERSION_MINOR << "." << GREENMIM_VERSION_PATCH << "\n";
       return 0;
     }
-    if (cmd == "plan") return cmd_plan(argc - 2, argv + 2, in, out);
+    if (cmd == "plan") return cmd_plan(argc - 2, argv + 2, in, out, lim);
     if (cmd == "simulate") return cmd_simulate(argc - 2, argv + 2, out, lim);
     if (cmd == "demo") {
 #if defined(GREENMIM_HAVE_DEMO)
@@ -352,10 +357,10 @@ int greenmim::cli::run(int argc, char** argv, std::istream& in, std::ostream& ou
     }
     throw usage_error("unknown command '" + cmd + "' (plan, simulate, demo)");
   } catch (const usage_error& e) {
-    err << "greenmim " << cmd << ": " << e.what() << "\n";
+    err << "greenmim " << cli::one_line(cmd) << ": " << cli::one_line(e.what()) << "\n";
     return 2;
   } catch (const std::exception& e) {
-    err << "greenmim " << cmd << ": error: " << e.what() << "\n";
+    err << "greenmim " << cli::one_line(cmd) << ": error: " << cli::one_line(e.what()) << "\n";
     return 1;
   }
 }
