@@ -30,4 +30,14 @@ jobs="$(nproc 2>/dev/null || echo 2)"
 if [ ! -f build/CMakeCache.txt ]; then
   cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release ${GREENMIM_CMAKE_ARGS:-}
 fi
+# The PyTorch package's tests (scripts/test sets GM_WITH_PYTHON=1): a virtual environment with the
+# pinned torch, timm and pytest (scripts/python_env.sh; installed once, reused after), handed to
+# ctest's python_tests. GM_WITH_PYTHON=0 (or a failed install) leaves that test skipped.
+if [ "${GM_WITH_PYTHON:-0}" = 1 ]; then
+  if gm_python="$("$GM_ROOT/scripts/python_env.sh")"; then
+    cmake -S . -B build -DGREENMIM_PYTHON_EXECUTABLE="$gm_python" >/dev/null
+  else
+    echo "setup: no Python environment for the package tests; python_tests will be skipped" >&2
+  fi
+fi
 cmake --build build -j "$jobs"

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""The paper's claim, measured: one pretraining step of a Swin encoder on masked images.
+
+Rows (encoder forward + backward + AdamW step; bf16 autocast on CUDA; the decoder is out of
+scope, the loss is the mean square of the encoder's output):
+  simmim      timm's SwinTransformer on all tokens, masked patches replaced by a mask token
+  greenmim    our visible-token encoder, greenmim's ops, one mask shared by the batch
+  per-sample  the same with a different mask per sample, packed across the batch
+  released    our visible-token encoder with the released attention path in plain PyTorch
+Each step draws a new mask and plans it (cache off), so planning and index building are in the
+step time. Prints a table (median step time after warm-up, peak memory), the ratios the issue
+sets as targets, and a per-stage breakdown like the paper's appendix table.
+
+    python bench/gpu/train_step.py --model swin_base_patch4_window7_224 --batch 128
+    python bench/gpu/train_step.py --toy          # CPU, tiny model: the CI smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+import greenmim
+
+MODELS = {
+    "swin_base_patch4_window7_224": dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
+    "swin_large_patch4_window7_224": dict(embed_dim=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)),
+    "toy": dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)),
+}
+ROWS = ("simmim", "greenmim", "per-sample", "released")
+
+
+class SimMIMSwin(nn.Module):
+    """SimMIM's encoder: timm's Swin over all tokens, masked patch embeddings replaced by a
+    learned mask token."""
+
+    def __init__(self, timm_model: nn.Module, dim: int):
+        super().__init__()
+        self.swin = timm_model
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, 1, dim))
+        nn.init.trunc_normal_(self.mask_token, std=0.02)
+
+    def forward(self, img: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        x = self.swin.patch_embed(img)                                  # [B, H, W, C]
+        w = masked.unsqueeze(-1).to(x.dtype)
+        x = x * (1 - w) + self.mask_token.to(x.dtype) * w
+        return self.swin.norm(self.swin.layers(x))
+
+
+class Clock:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+def unit_masks(batch: int, per_sample: bool, ratio: float, gen: torch.Generator, grid: int = 7) -> torch.Tensor:
+    """Masks over 32-px units (the encoder's largest stride), as the released code draws them."""
+    return greenmim.random_masks(batch if per_sample else None, grid=grid, ratio=ratio, generator=gen)
+
+
+def make_row(row: str, cfg: dict, args, device):
+    if row == "simmim":
+        import timm
+        m = timm.models.swin_transformer.SwinTransformer(img_size=args.img, num_classes=0, window_size=7,
+                                                         drop_path_rate=0.0, **cfg)
+        return SimMIMSwin(m, cfg["embed_dim"]).to(device)
+    impl = "released" if row == "released" else "greenmim"
+    return greenmim.VisibleSwinTransformer(img_size=args.img, window_size=7, attn_impl=impl, **cfg).to(device)
+
+
+def run_row(row: str, cfg: dict, args, device) -> dict:
+    gen = torch.Generator().manual_seed(args.seed)
+    model = make_row(row, cfg, args, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    img = torch.randn(args.batch, 3, args.img, args.img, device=device)
+    grid = args.img // 32
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu",
+                                                                                                  enabled=False)
+    clock = Clock(device)
+
+    def step():
+        per_sample = row == "per-sample"
+        units = unit_masks(args.batch, per_sample, args.ratio, gen, grid)
+        with amp:
+            if row == "simmim":
+                g0 = args.img // 4
+                vis = units.repeat_interleave(g0 // grid, -2).repeat_interleave(g0 // grid, -1)
+                masked = (~vis).to(device).expand(args.batch, g0, g0)
+                out = model(img, masked)
+            else:
+                plan = model.plan(units, device=device, cache=False)
+                out = model(img, plan)
+            loss = out.float().square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(args.steps):
+        t0 = clock()
+        step()
+        times.append((clock() - t0) * 1e3)
+    peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
+    del model, opt
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return dict(row=row, ms=statistics.median(times), ms_min=min(times), peak_gib=peak, steps=args.steps)
+
+
+def _time(fn, clock, reps):
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = clock()
+        fn()
+        ts.append((clock() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+def breakdown(cfg: dict, args, device) -> list:
+    """Per stage, like the paper's appendix: planning, index building, grouping, ungrouping,
+    attention forward and backward, at the model's shapes (one shared mask)."""
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    clock = Clock(device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    units = unit_masks(args.batch, False, args.ratio, gen, args.img // 32)
+    g0 = args.img // 4
+    m0 = units.repeat_interleave(g0 // units.shape[0], 0).repeat_interleave(g0 // units.shape[1], 1)
+    out = []
+    for s in range(4):
+        ms = m0[:: 1 << s, :: 1 << s].contiguous()
+        C, H = cfg["embed_dim"] << s, cfg["num_heads"][s]
+        D = C // H
+        row = dict(stage=s + 1)
+        for shift in (0, 3):
+            parts = []
+            t_build = _time(lambda: parts.append(greenmim.stage_partition(ms, 7, shift, C, device=device,
+                                                                          cache=False)), clock, args.reps)
+            part = parts[-1]
+            x = torch.randn(args.batch, part.num_tokens, C, device=device, dtype=dtype)
+            y = greenmim.partition_tokens(x, part)
+            qkv = torch.randn(args.batch, part.num_tokens, 3, H, D, device=device, dtype=dtype)
+            bias = torch.randn((2 * part.window - 1) ** 2, H, device=device)
+            o, lse = torch.ops.greenmim.attention_packed_fwd(qkv, bias, part.gather, part.scatter, part.slot_window,
+                                                             part.slot_coord, part.group_size, part.window,
+                                                             D ** -0.5, "auto")
+            g = torch.randn_like(o)
+            key = f"shift{shift}"
+            row[f"{key}_G"] = f"{part.group_size}x{part.num_groups}"
+            row[f"{key}_plan_ms"] = part.plan_us / 1e3
+            row[f"{key}_index_ms"] = max(t_build - part.plan_us / 1e3, 0.0)
+            row[f"{key}_group_ms"] = _time(lambda: greenmim.partition_tokens(x, part), clock, args.reps)
+            row[f"{key}_ungroup_ms"] = _time(lambda: greenmim.unpartition_tokens(y, part), clock, args.reps)
+            row[f"{key}_attn_fwd_ms"] = _time(lambda: torch.ops.greenmim.attention_packed_fwd(
+                qkv, bias, part.gather, part.scatter, part.slot_window, part.slot_coord, part.group_size,
+                part.window, D ** -0.5, "auto"), clock, args.reps)
+            row[f"{key}_attn_bwd_ms"] = _time(lambda: torch.ops.greenmim.attention_packed_bwd(
+                g, qkv, o, lse, bias, part.gather, part.scatter, part.slot_window, part.slot_coord, part.group_size,
+                part.window, D ** -0.5, "auto", True), clock, args.reps)
+        out.append(row)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="swin_base_patch4_window7_224", choices=sorted(MODELS))
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--img", type=int, default=224)
+    ap.add_argument("--ratio", type=float, default=0.75)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=20, help="repetitions of each breakdown timing")
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--csv", default=None, help="also write the rows here")
+    ap.add_argument("--no-breakdown", action="store_true")
+    ap.add_argument("--toy", action="store_true", help="tiny model, batch 2, 2 steps, CPU: a smoke run")
+    args = ap.parse_args(argv)
+    if args.toy:
+        args.model, args.batch, args.steps, args.warmup, args.reps, args.device = "toy", 2, 2, 1, 2, "cpu"
+    rows = [r for r in args.rows.split(",") if r]
+    bad = [r for r in rows if r not in ROWS]
+    if bad:
+        ap.error(f"unknown rows {bad}; choose from {ROWS}")
+    device = torch.device(args.device)
+    cfg = MODELS[args.model]
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"== train step: {args.model}, batch {args.batch}, {args.img} px, ratio {args.ratio}, "
+          f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}, AdamW, {name}, torch {torch.__version__}")
+    results = []
+    for r in rows:
+        res = run_row(r, cfg, args, device)
+        results.append(res)
+        print(f"{r}: {res['ms']:.2f} ms/step (median of {args.steps}), peak {res['peak_gib']:.2f} GiB", flush=True)
+    print("\n| row | median ms/step | min ms | peak GiB | speed-up vs simmim | memory vs simmim |")
+    print("|---|---|---|---|---|---|")
+    base = next((x for x in results if x["row"] == "simmim"), None)
+    for x in results:
+        sp = f"{base['ms'] / x['ms']:.2f}x" if base else "-"
+        mem = f"{100 * x['peak_gib'] / base['peak_gib']:.0f}%" if base and base["peak_gib"] == base["peak_gib"] else "-"
+        print(f"| {x['row']} | {x['ms']:.2f} | {x['ms_min']:.2f} | {x['peak_gib']:.2f} | {sp} | {mem} |")
+    by = {x["row"]: x for x in results}
+    if "greenmim" in by and "per-sample" in by:
+        print(f"per-sample / shared step time: {by['per-sample']['ms'] / by['greenmim']['ms']:.3f}")
+    if "greenmim" in by and "released" in by:
+        print(f"released / greenmim step time: {by['released']['ms'] / by['greenmim']['ms']:.3f}")
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(results[0]))
+            w.writeheader()
+            w.writerows(results)
+    if not args.no_breakdown:
+        print("\n## per-stage breakdown (greenmim, one shared mask; ms)")
+        bd = breakdown(cfg, args, device)
+        cols = ["G x groups", "plan", "index build", "group", "ungroup", "attn fwd", "attn bwd"]
+        print("| stage | shift | " + " | ".join(cols) + " |")
+        print("|---|---|" + "---|" * len(cols))
+        for r in bd:
+            for sh in (0, 3):
+                k = f"shift{sh}"
+                vals = [r[f"{k}_G"]] + [f"{r[f'{k}_{c}_ms']:.4f}" for c in
+                                        ("plan", "index", "group", "ungroup", "attn_fwd", "attn_bwd")]
+                print(f"| {r['stage']} | {sh} | " + " | ".join(vals) + " |")
+    print("train_step: done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

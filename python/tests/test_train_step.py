@@ -1,0 +1,29 @@
+"""bench/gpu/train_step.py runs end to end on the CPU at a toy size (the GPU run is the real one)."""
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_train_step_toy_runs_all_rows():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "python") + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, str(ROOT / "bench/gpu/train_step.py"), "--toy", "--reps", "1"],
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    for row in ("simmim", "greenmim", "per-sample", "released"):
+        assert f"| {row} |" in text
+    assert "per-sample / shared step time" in text and "released / greenmim step time" in text
+    lines = [l for l in text.splitlines() if l.startswith("| ") and l[2].isdigit()]
+    assert len(lines) == 8                       # 4 stages x 2 shifts of the breakdown
+    assert text.rstrip().endswith("train_step: done")
+
+
+def test_train_step_rejects_unknown_rows():
+    out = subprocess.run([sys.executable, str(ROOT / "bench/gpu/train_step.py"), "--toy", "--rows", "bogus"],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    assert out.returncode == 2 and "unknown rows" in out.stderr
