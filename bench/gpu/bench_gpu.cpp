@@ -4,7 +4,7 @@
 // cuBLAS is available, a large bf16 GEMM (tensor-core rate).
 //
 // Per stage and shift it reports the median time (cudaEvent around each launch, queued behind
-// two untimed launches so the host's launch latency is not timed, warm-up first, input sets
+// a 50 us GPU spin so the host's launch latency is not timed, warm-up first, input sets
 // rotated so that they do not sit in L2) of: forward (AUTO = tensor-core path when
 // possible, and the SIMT path), backward (dq/dk/dv + deterministic dbias), partition (gather)
 // and unpartition (scatter) of [B, N, C] features; the bytes each must move at least (each input
@@ -42,6 +42,7 @@
 
 extern "C" cudaError_t bench_fill_random(void* p, std::size_t n, int dtype, std::uint64_t seed, float scale,
                                          cudaStream_t stream);
+extern "C" cudaError_t bench_spin_ns(unsigned long long ns, cudaStream_t stream);
 
 namespace {
 
@@ -81,11 +82,11 @@ dmem upload(const std::vector<T>& v) {
 }
 
 //! Median milliseconds of f(rep) over `reps` launches after `warmup`, one event pair per launch.
-//! Each timed launch is queued behind two untimed ones (f(rep + 1), another input set), so the
-//! GPU is busy while the host records the start event and launches: the host's launch latency is
-//! not timed, as in a training step whose host runs ahead of the GPU. (Timed from an idle GPU it
-//! was: the H100 run of f7bb4ac measured copy_rows at 23.9 us here and 16.4 us under ncu, the MMA
-//! forward at 86.2 us and 79.6 us.)
+//! Each timed launch is queued behind a 50 us spin of one GPU thread (no memory traffic, caches
+//! left as they are), so the GPU is busy while the host records the start event and launches:
+//! the host's launch latency is not timed, as in a training step whose host runs ahead of the
+//! GPU. (Timed from an idle GPU it was: the H100 run of f7bb4ac measured copy_rows at 23.9 us here
+//! and 16.4 us under ncu, the MMA forward at 86.2 us and 79.6 us.)
 template <class F>
 double median_ms(F&& f, int warmup, int reps) {
   for (int i = 0; i < warmup; ++i) f(i);
@@ -95,8 +96,7 @@ double median_ms(F&& f, int warmup, int reps) {
   BENCH_CHECK(cudaEventCreate(&b));
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
-    f(warmup + i + 1);  // the two untimed launches ahead of the timed one
-    f(warmup + i + 1);
+    BENCH_CHECK(bench_spin_ns(50000, nullptr));  // busy GPU while the host enqueues the timed launch
     BENCH_CHECK(cudaEventRecord(a));
     f(warmup + i);
     BENCH_CHECK(cudaEventRecord(b));

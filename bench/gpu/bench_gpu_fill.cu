@@ -70,3 +70,28 @@ extern "C" cudaError_t bench_fill_random(void* p, std::size_t n, int dtype, std:
   return cudaGetLastError();
 #endif
 }
+
+namespace {
+__global__ void spin_kernel(unsigned long long ns) {
+#if !defined(GREENMIM_CUDA_EMULATION)
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+#else
+  (void)ns;
+#endif
+}
+}  // namespace
+
+//! Keeps the GPU busy for about `ns` nanoseconds (one thread reading the global timer; no memory
+//! traffic, so the caches are left as they are). A no-op on the emulator.
+extern "C" cudaError_t bench_spin_ns(unsigned long long ns, cudaStream_t stream) {
+#if defined(GREENMIM_CUDA_EMULATION)
+  return gm_emu::launch(spin_kernel, dim3(1), dim3(1), 0, stream, ns);
+#else
+  spin_kernel<<<1, 1, 0, stream>>>(ns);
+  return cudaGetLastError();
+#endif
+}
