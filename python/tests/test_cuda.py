@@ -1,0 +1,70 @@
+"""The package on a real GPU (bench/gpu/run.sh runs these; without CUDA they skip visibly)."""
+import pytest
+import torch
+
+import greenmim
+from conftest import oracle_attention, random_stage_mask
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_attention_fwd_bwd_against_float64_oracle(dtype, per_sample):
+    m = random_stage_mask(56, 8, 4 if per_sample else None)
+    part = greenmim.stage_partition(m, 7, 3, 128, device="cuda", cache=False)
+    B = 1 if per_sample else 3
+    qkv = torch.randn(B, part.num_tokens, 3, 4, 32, device="cuda").to(dtype).requires_grad_()
+    bias = torch.randn(169, 4, device="cuda", requires_grad=True)
+    o = greenmim.group_window_attention_packed(qkv, bias, part)
+    g = torch.randn_like(o)
+    o.backward(g)
+    cpu = greenmim.stage_partition(m, 7, 3, 128, cache=False)
+    qkv64 = qkv.detach().cpu().double().requires_grad_()
+    b64 = bias.detach().cpu().double().requires_grad_()
+    o64 = oracle_attention(*qkv64.unbind(2), b64, cpu, 7)
+    o64.backward(g.cpu().double())
+    for got, want in ((o, o64), (qkv.grad, qkv64.grad), (bias.grad, b64.grad)):
+        err = float((got.detach().cpu().double() - want).abs().max())
+        assert err <= TOL[dtype] * max(1.0, float(want.abs().max())) * (8 if got is bias.grad else 1)
+
+
+def test_device_index_building_equals_host():
+    for per_sample in (False, True):
+        m = random_stage_mask(56, 8, 8 if per_sample else None)
+        d = greenmim.stage_partition(m, 7, 3, 128, device="cuda", cache=False)
+        h = greenmim.stage_partition(m, 7, 3, 128, cache=False)
+        for f in ("gather", "scatter", "slot_window", "slot_coord", "token_window"):
+            assert torch.equal(getattr(d, f).cpu(), getattr(h, f)), f
+
+
+def test_encoder_bf16_autocast_matches_fp32_and_compiles():
+    torch._dynamo.reset()
+    cfg = dict(embed_dim=64, depths=(2, 2, 2, 2), num_heads=(2, 4, 8, 16))
+    model = greenmim.VisibleSwinTransformer(**cfg).cuda()
+    x = torch.randn(4, 3, 224, 224, device="cuda")
+    plan = model.plan(greenmim.random_masks(4), device="cuda")
+    ref = model(x, plan)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = model(x, plan)
+    assert out.dtype == torch.bfloat16
+    assert float((out.float() - ref).abs().max()) < 0.1 * float(ref.abs().max())
+    step = torch.compile(lambda img, p: model(img, p).float().square().mean(), fullgraph=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = step(x, plan)
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_all_visible_equals_timm_on_gpu():
+    timm = pytest.importorskip("timm")
+    cfg = dict(img_size=224, patch_size=4, embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), window_size=7)
+    ref = timm.models.swin_transformer.SwinTransformer(num_classes=0, **cfg).cuda().eval()
+    ours = greenmim.VisibleSwinTransformer(**cfg).cuda().eval()
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 3, 224, 224, device="cuda")
+    with torch.no_grad():
+        got = ours(x, ours.plan(torch.ones(7, 7, dtype=torch.bool), device="cuda"))
+        want = ref.forward_features(x).reshape(2, 49, -1)
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
