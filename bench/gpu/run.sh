@@ -109,7 +109,7 @@ run_step "configure" "$GM_LOG/build.log" cmake -S . -B "$BUILD_DIR" -DCMAKE_BUIL
   -DGREENMIM_BUILD_TOOLS=OFF -DGREENMIM_BUILD_BENCH=ON -DGREENMIM_BUILD_EXAMPLES=OFF "${GM_CMAKE_ARGS[@]}" || GM_BUILD_OK=0
 if [ "$GM_BUILD_OK" -eq 1 ]; then
   run_step "build" "$GM_LOG/build.log" cmake --build "$BUILD_DIR" -j "$JOBS" \
-    --target greenmim_kernels greenmim_gpu_tests greenmim_gpu_bench || GM_BUILD_OK=0
+    --target greenmim_kernels greenmim_gpu_tests greenmim_gpu_bench greenmim_python_libs || GM_BUILD_OK=0
 fi
 GM_TESTS="$BUILD_DIR/bin/greenmim_gpu_tests"
 GM_BENCH="$BUILD_DIR/bin/greenmim_gpu_bench"
@@ -161,6 +161,19 @@ else
   say "torch baselines: no partition JSON (benchmark did not run), skipped"
 fi
 
+# The PyTorch package (python/) on the GPU: its tests (CUDA ones included), then the training-step
+# claim (bench/gpu/train_step.py: SimMIM all-token Swin vs greenmim, Swin-B and Swin-L, batch 128).
+export PYTHONPATH="$GM_ROOT/python${PYTHONPATH:+:$PYTHONPATH}" GREENMIM_LIB_DIR="$BUILD_DIR/lib"
+if [ "$GM_HAVE_TORCH" -eq 1 ] && ! env "${GM_PY_ENV[@]}" "$PYTHON" -c "import pytest" >/dev/null 2>&1; then
+  say "python tests: $PYTHON has no pytest, skipped"
+else
+  py_step "python tests" "$GM_LOG/python_tests.log" -m pytest -q -rs -p no:cacheprovider python/tests
+fi
+for gm_model in swin_base_patch4_window7_224 swin_large_patch4_window7_224; do
+  py_step "train step ${gm_model%%_patch*}" "$GM_LOG/train_step.log" bench/gpu/train_step.py --model "$gm_model" \
+    --batch "$BATCH" --csv "$GM_LOG/train_step_${gm_model%%_patch*}.csv"
+done
+
 # ---- compute-sanitizer on a small subset (last: the slowest step, each tool capped) ------------------------------------------------------------------
 if [ "${SKIP_SANITIZER:-0}" != 1 ] && [ -x "$GM_TESTS" ]; then
   if [ -n "$GM_SANITIZER" ]; then
@@ -186,6 +199,10 @@ fi
   echo
   echo "## PyTorch baselines"
   sed -n '/^| path |/,$p' "$GM_LOG/torch_bench.log" 2>/dev/null | grep '^|' || echo "(not run)"
+  echo
+  echo "## Training step (bench/gpu/train_step.py)"
+  grep -E '^(== train step|\| (row|simmim|greenmim|per-sample|released) |per-sample /|released /)' \
+    "$GM_LOG/train_step.log" 2>/dev/null || echo "(not run)"
 } >>"$GM_SUMMARY"
 GM_COPY="docs/perf/${GM_DEVICE}_${GM_DATE}"
 if [ "$GM_DEVICE" != unknown-device ] && mkdir -p "$GM_COPY" 2>/dev/null; then
