@@ -15,6 +15,8 @@
 #   STEP_TIMEOUT=<s> time limit of each step (default 900)
 #   SAN_TIMEOUT=<s>  time limit of each compute-sanitizer tool (default 100)
 #   PYTHON=<exe>     interpreter of the Python steps (default python3)
+#   TORCH_BUDGET=<s> torch_bench.py starts no new row after this many seconds (default 150:
+#                    FlexAttention compiles per partition; the later steps need the time)
 #   BUDGET=<s>       time for the whole script (default 560: a device call is cut at 600 s); a step
 #                    gets at most what is left, and a step that cannot start in time is reported
 #                    as SKIPPED (budget), so the logs and the summary always come back
@@ -38,6 +40,7 @@ STEP_TIMEOUT="${STEP_TIMEOUT:-900}"
 BUDGET="${BUDGET:-560}"
 SAN_TIMEOUT="${SAN_TIMEOUT:-100}"
 PYTHON="${PYTHON:-python3}"
+TORCH_BUDGET="${TORCH_BUDGET:-150}"
 GM_START_S="$(date +%s)"
 GM_DATE="$(date -u +%Y-%m-%d_%H%M)"
 
@@ -156,7 +159,7 @@ py_step() {  # name logfile script args...  (a PyTorch step: skipped when torch 
 # PyTorch baselines on the partitions the benchmark wrote
 if ls "$GM_SCRATCH"/partition_stage*.json >/dev/null 2>&1; then
   py_step "torch baselines" "$GM_LOG/torch_bench.log" bench/gpu/torch_bench.py \
-    --json-dir "$GM_SCRATCH" --csv "$GM_LOG/torch_bench.csv"
+    --json-dir "$GM_SCRATCH" --csv "$GM_LOG/torch_bench.csv" --budget-s "$TORCH_BUDGET"
 else
   say "torch baselines: no partition JSON (benchmark did not run), skipped"
 fi

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import sys
+import time
 import traceback
 
 
@@ -166,6 +167,8 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--csv", default="")
+    ap.add_argument("--budget-s", type=float, default=0,
+                    help="stop starting new rows after this many seconds (0: no limit); rows left out are named")
     ap.add_argument("--paths", default="released,sdpa_efficient,flex",
                     help="comma-separated subset of released,sdpa_efficient,flex,compiled (default: all but compiled)")
     args = ap.parse_args()
@@ -189,6 +192,8 @@ def main():
         print(f"torch_bench: no partition JSON in {args.json_dir}")
         return 1
     rows = []
+    t_start = time.monotonic()
+    skipped = []
     for path in files:
         cfg = load(path)
         s = setup(cfg, cfg["batch"], dev)
@@ -213,6 +218,9 @@ def main():
             except Exception as e:  # noqa: BLE001
                 print(f"{tag}: {name} unavailable: {e}")
         for name, fwd in paths:
+            if args.budget_s > 0 and time.monotonic() - t_start > args.budget_s:
+                skipped.append(f"{tag} {name}")
+                continue
             try:
                 ref = released_forward(s, qkv, table).float()
                 out = fwd(qkv)
@@ -240,6 +248,8 @@ def main():
     for r in rows:
         print(f"| {r['path']} | {r['stage']} | {r['shift']} | {r['G']} | {r['groups']} | {r['tokens']} | "
               f"{r['fwd_ms']:.4f} | {r['fwd_bwd_ms']:.4f} | {r['rel_err_vs_released']:.2e} |")
+    if skipped:
+        print(f"\nskipped for the --budget-s {args.budget_s:g} s limit: " + "; ".join(skipped))
     if args.csv and rows:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
