@@ -34,10 +34,18 @@ import time
 import traceback
 
 
-def median_ms(fn, warmup, reps):
+def median_ms(fn, warmup, reps, cuda=True):
     import torch
     for _ in range(warmup):
         fn()
+    if not cuda:  # --device cpu: a smoke test of this script, wall-clock times
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+        times.sort()
+        return times[len(times) // 2]
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
@@ -167,6 +175,8 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--csv", default="")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: a smoke test of the script at toy sizes (times meaningless)")
     ap.add_argument("--budget-s", type=float, default=0,
                     help="stop starting new rows after this many seconds (0: no limit); rows left out are named")
     ap.add_argument("--paths", default="released,sdpa_efficient,flex",
@@ -182,19 +192,24 @@ def main():
     except Exception as e:  # noqa: BLE001
         print(f"torch_bench: PyTorch not importable ({e}); skipped")
         return 0
-    if not torch.cuda.is_available():
+    if args.device == "cpu":  # smoke test of the script itself (SDPA's memory-efficient kernel is CUDA-only)
+        dev = torch.device("cpu")
+        print(f"torch {torch.__version__}, device cpu (smoke test: times are meaningless)")
+    elif not torch.cuda.is_available():
         print("torch_bench: no CUDA device visible to PyTorch; skipped")
         return 0
-    dev = torch.device("cuda")
-    print(f"torch {torch.__version__}, device {torch.cuda.get_device_name(0)}")
+    else:
+        dev = torch.device("cuda")
+        print(f"torch {torch.__version__}, device {torch.cuda.get_device_name(0)}")
+    on_cuda = dev.type == "cuda"
     files = sorted(glob.glob(os.path.join(args.json_dir, "partition_stage*_shift*.json")))
     if not files:
         print(f"torch_bench: no partition JSON in {args.json_dir}")
         return 1
-    rows = []
-    t_start = time.monotonic()
-    skipped = []
-    for path in files:
+    # every partition's inputs first, then the rows path by path (released, compiled, sdpa, flex),
+    # so that a --budget-s cut leaves out the slowest paths' rows, not the cheap ones
+    cases = []  # (path order, partition order, tag, cfg, s, qkv, table, dout, name, fwd)
+    for pi, path in enumerate(files):
         cfg = load(path)
         s = setup(cfg, cfg["batch"], dev)
         B, N, H, D = s["B"], s["N"], s["H"], s["D"]
@@ -205,44 +220,51 @@ def main():
         tag = f"stage {cfg['stage']} shift {cfg['shift']}"
         paths = []
         if "released" in want:
-            paths.append(("released (eager)", lambda x, s=s, table=table: released_forward(s, x, table)))
+            paths.append((0, "released (eager)", lambda x, s=s, table=table: released_forward(s, x, table)))
         if "compiled" in want:
-            paths.append(("released (compiled)", torch.compile(lambda x, s=s, table=table: released_forward(s, x, table))))
-        makers = [("sdpa_efficient", "sdpa (mem-efficient, dense bias)", make_sdpa_efficient),
-                  ("flex", "flex_attention", make_flex)]
-        for key, name, make in makers:
+            paths.append((1, "released (compiled)",
+                          torch.compile(lambda x, s=s, table=table: released_forward(s, x, table))))
+        makers = [(2, "sdpa_efficient", "sdpa (mem-efficient, dense bias)", make_sdpa_efficient),
+                  (3, "flex", "flex_attention", make_flex)]
+        for order, key, name, make in makers:
             if key not in want:
                 continue
             try:
-                paths.append((name, make(s, table)))
+                paths.append((order, name, make(s, table)))
             except Exception as e:  # noqa: BLE001
                 print(f"{tag}: {name} unavailable: {e}")
-        for name, fwd in paths:
-            if args.budget_s > 0 and time.monotonic() - t_start > args.budget_s:
-                skipped.append(f"{tag} {name}")
-                continue
+        for order, name, fwd in paths:
+            cases.append((order, pi, tag, cfg, s, qkv, table, dout, name, fwd))
+    cases.sort(key=lambda c: (c[0], c[1]))
+    rows = []
+    t_start = time.monotonic()
+    skipped = []
+    for _, _, tag, cfg, s, qkv, table, dout, name, fwd in cases:
+        if args.budget_s > 0 and time.monotonic() - t_start > args.budget_s:
+            skipped.append(f"{tag} {name}")
+            continue
+        try:
+            ref = released_forward(s, qkv, table).float()
+            out = fwd(qkv)
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            with torch.no_grad():
+                t_f = median_ms(lambda: fwd(qkv), args.warmup, args.reps, on_cuda)
+
+            def fb():
+                qkv.grad = None
+                table.grad = None
+                fwd(qkv).backward(dout)
+
             try:
-                ref = released_forward(s, qkv, table).float()
-                out = fwd(qkv)
-                err = ((out.float() - ref).norm() / ref.norm()).item()
-                with torch.no_grad():
-                    t_f = median_ms(lambda: fwd(qkv), args.warmup, args.reps)
-
-                def fb():
-                    qkv.grad = None
-                    table.grad = None
-                    fwd(qkv).backward(dout)
-
-                try:
-                    t_fb = median_ms(fb, args.warmup, args.reps)
-                except Exception as e:  # noqa: BLE001
-                    print(f"{tag} {name}: backward failed: {e}")
-                    t_fb = float("nan")
-                rows.append(dict(path=name, stage=cfg["stage"], shift=cfg["shift"], G=s["G"], groups=s["ng"], tokens=N,
-                                 batch=B, fwd_ms=t_f, fwd_bwd_ms=t_fb, rel_err_vs_released=err))
-            except Exception:  # noqa: BLE001
-                print(f"{tag} {name}: failed")
-                traceback.print_exc()
+                t_fb = median_ms(fb, args.warmup, args.reps, on_cuda)
+            except Exception as e:  # noqa: BLE001
+                print(f"{tag} {name}: backward failed: {e}")
+                t_fb = float("nan")
+            rows.append(dict(path=name, stage=cfg["stage"], shift=cfg["shift"], G=s["G"], groups=s["ng"],
+                             tokens=s["N"], batch=s["B"], fwd_ms=t_f, fwd_bwd_ms=t_fb, rel_err_vs_released=err))
+        except Exception:  # noqa: BLE001
+            print(f"{tag} {name}: failed")
+            traceback.print_exc()
     print("\n| path | stage | shift | G | groups | tokens/sample | forward ms | forward+backward ms | rel. diff vs released |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
