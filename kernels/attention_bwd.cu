@@ -1,13 +1,20 @@
 //! \file attention_bwd.cu
 //! Backward entry points of group window attention (C ABI) and the instantiations of the
-//! backward kernels ({fp32, fp16, bf16} x head_dim {32, 64}) and of the d(bias) reduction.
+//! backward kernels (SIMT: {fp32, fp16, bf16} x head_dim {32, 64}; tensor-core: {fp16, bf16} x
+//! {32, 64}) and of the d(bias) reduction.
 //!
-//! Launch sequence (one stream, no host synchronization):
+//! Launch sequence (one stream, no host synchronization), SIMT:
 //!   1. attention_bwd_dq_simt   delta = rowsum(dO*O) -> workspace, dq, per-CTA d(bias) partials
 //!   2. attention_bwd_dkdv_simt dk, dv (reads delta)
 //!   3. dbias_reduce            d_bias_table += fixed-order sum of the partials (if requested)
+//! tensor-core (fp16/bf16, G <= 64, 16-byte aligned rows; GM_ALGO_AUTO's choice when it applies):
+//!   1. attention_bwd_mma       dq, dk, dv in one pass, per-CTA d(bias) partials (same layout)
+//!   2. dbias_reduce            as above
 #include <greenmim/kernels.h>
 
+#include <type_traits>
+
+#include "detail/attention_bwd_mma.cuh"
 #include "detail/attention_checks.hpp"
 #include "detail/attention_simt.cuh"
 #include "detail/launch.cuh"
@@ -82,7 +89,13 @@ struct bwd_layout {
   std::size_t total() const { return align_up(delta_bytes) + align_up(partial_bytes); }
 };
 
-cudaError_t check_bwd(const gm_attention_bwd_args* a, attn_dims& d, bwd_layout& ws) {
+//! Dynamic shared memory of the tensor-core backward.
+inline std::size_t mma_bwd_smem(std::int64_t D, int bias_rows, bool want_dbias) {
+  return D == 32 ? mma_bwd_tile<32>::smem(bias_rows, want_dbias) : mma_bwd_tile<64>::smem(bias_rows, want_dbias);
+}
+
+//! Checks; on success `d` and `ws` describe the problem and `use_mma` the chosen implementation.
+cudaError_t check_bwd(const gm_attention_bwd_args* a, attn_dims& d, bwd_layout& ws, bool& use_mma) {
   clear_refusal();
   GM_REFUSE_IF(a == nullptr, "args is null");
   GM_TRY(check_attention_core(a->dtype, a->q, a->bias_table, a->part, a->window, a->scale, a->algo, d));
@@ -116,8 +129,21 @@ cudaError_t check_bwd(const gm_attention_bwd_args* a, attn_dims& d, bwd_layout& 
     GM_REFUSE_IF(overlap(a->d_bias_table, 4, a->lse, 4), "d_bias_table overlaps lse");
     GM_REFUSE_IF(overlap(a->d_bias_table, 4, a->bias_table, 4), "d_bias_table overlaps the bias table");
   }
-  // shared memory of the dq kernel: one float row of the table per warp when dbias is wanted
-  if (want_dbias) {
+  // tensor-core path: fp16/bf16, G <= 64, every row of the eight tensors 16-byte aligned, and its
+  // shared memory within the limits (the device's own opt-in limit when one can be asked)
+  bool vec = true;
+  for (const gm_tensor* t : ins) vec = vec && rows_aligned16(*t, es);
+  for (const gm_tensor* t : outs) vec = vec && rows_aligned16(*t, es);
+  const std::size_t mma_smem = mma_bwd_smem(d.D, d.bias_rows, want_dbias);
+  const std::size_t mma_optin = mma_smem > 48u * 1024u ? device_smem_optin() : 0;
+  const bool mma_ok = a->dtype != GM_FLOAT32 && a->part.group_size <= 64 && vec && mma_smem <= max_smem_bytes &&
+                      (mma_optin == 0 || mma_smem <= mma_optin);
+  if (a->algo == GM_ALGO_MMA)
+    GM_REFUSE_IF(!mma_ok, "GM_ALGO_MMA (backward) needs fp16/bf16, group_size <= 64, 16-byte aligned rows of q, k, "
+                          "v, o, d_o, dq, dk, dv, and its shared memory within the device limit");
+  use_mma = a->algo == GM_ALGO_MMA || (a->algo == GM_ALGO_AUTO && mma_ok);
+  // shared memory of the SIMT dq kernel: one float row of the table per warp when dbias is wanted
+  if (want_dbias && !use_mma) {
     const std::size_t smem = d.D == 32 ? simt_smem<32>::bwd_dq(a->part.group_size, d.bias_rows)
                                        : simt_smem<64>::bwd_dq(a->part.group_size, d.bias_rows);
     GM_REFUSE_IF(smem > max_smem_bytes, "window too large for d_bias_table at this head_dim (shared memory)");
@@ -146,8 +172,8 @@ cudaError_t allow_smem(K kernel, std::size_t bytes) {
 }
 
 template <class T, int D>
-cudaError_t run_bwd(const gm_attention_bwd_args& a, const attn_dims& d, const bwd_layout& ws, void* workspace,
-                    cudaStream_t stream) {
+cudaError_t run_bwd(const gm_attention_bwd_args& a, const attn_dims& d, const bwd_layout& ws, bool use_mma,
+                    void* workspace, cudaStream_t stream) {
   bwd_params<T> p;
   p.q = to_rows<const T>(a.q);
   p.k = to_rows<const T>(a.k);
@@ -174,13 +200,27 @@ cudaError_t run_bwd(const gm_attention_bwd_args& a, const attn_dims& d, const bw
   const bool want_dbias = a.d_bias_table.data != nullptr;
   p.dbias_partial = want_dbias ? reinterpret_cast<float*>(w + align_up(ws.delta_bytes)) : nullptr;
 
-  const dim3 grid(static_cast<unsigned>(a.part.num_groups * d.q_tiles), static_cast<unsigned>(d.H),
-                  static_cast<unsigned>(d.B));
-  const int G = a.part.group_size;
-  const std::size_t smem_dq = simt_smem<D>::bwd_dq(G, want_dbias ? d.bias_rows : 0);
-  GM_TRY(allow_smem(attention_bwd_dq_simt<T, D>, smem_dq));
-  GM_TRY(launch(attention_bwd_dq_simt<T, D>, grid, simt_tile<D>::THREADS, smem_dq, stream, p));
-  GM_TRY(launch(attention_bwd_dkdv_simt<T, D>, grid, simt_tile<D>::THREADS, simt_smem<D>::bwd_dkdv(G), stream, p));
+  bool launched = false;
+  if constexpr (!std::is_same<T, float>::value) {
+    if (use_mma) {  // one CTA per (group, head, sample); its d(bias) partial has the SIMT layout (q_tiles = 1)
+      p.q_tiles = 1;
+      const dim3 grid(static_cast<unsigned>(a.part.num_groups), static_cast<unsigned>(d.H), static_cast<unsigned>(d.B));
+      const std::size_t smem = mma_bwd_tile<D>::smem(d.bias_rows, want_dbias);
+      GM_TRY(allow_smem(attention_bwd_mma<T, D>, smem));
+      GM_TRY(launch(attention_bwd_mma<T, D>, grid, mma_bwd_tile<D>::THREADS, smem, stream, p));
+      launched = true;
+    }
+  }
+  if (!launched) {
+    if (use_mma) return refuse("internal: mma path for float32");
+    const dim3 grid(static_cast<unsigned>(a.part.num_groups * d.q_tiles), static_cast<unsigned>(d.H),
+                    static_cast<unsigned>(d.B));
+    const int G = a.part.group_size;
+    const std::size_t smem_dq = simt_smem<D>::bwd_dq(G, want_dbias ? d.bias_rows : 0);
+    GM_TRY(allow_smem(attention_bwd_dq_simt<T, D>, smem_dq));
+    GM_TRY(launch(attention_bwd_dq_simt<T, D>, grid, simt_tile<D>::THREADS, smem_dq, stream, p));
+    GM_TRY(launch(attention_bwd_dkdv_simt<T, D>, grid, simt_tile<D>::THREADS, simt_smem<D>::bwd_dkdv(G), stream, p));
+  }
   if (want_dbias && ws.partial_count > 0) {
     table2f out;
     out.data = static_cast<float*>(a.d_bias_table.data);
@@ -195,9 +235,10 @@ cudaError_t run_bwd(const gm_attention_bwd_args& a, const attn_dims& d, const bw
 }
 
 template <class T>
-cudaError_t run_bwd_d(const gm_attention_bwd_args& a, const attn_dims& d, const bwd_layout& ws, void* workspace,
-                      cudaStream_t stream) {
-  return d.D == 32 ? run_bwd<T, 32>(a, d, ws, workspace, stream) : run_bwd<T, 64>(a, d, ws, workspace, stream);
+cudaError_t run_bwd_d(const gm_attention_bwd_args& a, const attn_dims& d, const bwd_layout& ws, bool use_mma,
+                      void* workspace, cudaStream_t stream) {
+  return d.D == 32 ? run_bwd<T, 32>(a, d, ws, use_mma, workspace, stream)
+                   : run_bwd<T, 64>(a, d, ws, use_mma, workspace, stream);
 }
 
 }  // namespace
@@ -210,7 +251,8 @@ extern "C" cudaError_t gm_attention_bwd_can_implement(const gm_attention_bwd_arg
   try {
     attn_dims d;
     bwd_layout ws;
-    return check_bwd(args, d, ws);
+    bool use_mma = false;
+    return check_bwd(args, d, ws, use_mma);
   } catch (...) {
     return cudaErrorUnknown;
   }
@@ -223,7 +265,8 @@ extern "C" cudaError_t gm_attention_bwd_workspace_size(const gm_attention_bwd_ar
     GM_REFUSE_IF(bytes == nullptr, "bytes is null");
     attn_dims d;
     bwd_layout ws;
-    GM_TRY(check_bwd(args, d, ws));
+    bool use_mma = false;
+    GM_TRY(check_bwd(args, d, ws, use_mma));
     *bytes = ws.total();
     return cudaSuccess;
   } catch (...) {
@@ -237,15 +280,16 @@ extern "C" cudaError_t gm_attention_bwd(const gm_attention_bwd_args* args, void*
   try {
     attn_dims d;
     bwd_layout ws;
-    GM_TRY(check_bwd(args, d, ws));
+    bool use_mma = false;
+    GM_TRY(check_bwd(args, d, ws, use_mma));
     if (d.B == 0 || d.N == 0 || d.H == 0 || args->part.num_groups == 0) return cudaSuccess;
     GM_REFUSE_IF(workspace_bytes < ws.total(), "workspace smaller than gm_attention_bwd_workspace_size");
     GM_REFUSE_IF(ws.total() > 0 && workspace == nullptr, "workspace is null");
     GM_REFUSE_IF(reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0, "workspace must be 256-byte aligned");
     switch (args->dtype) {
-      case GM_FLOAT32: return run_bwd_d<float>(*args, d, ws, workspace, stream);
-      case GM_FLOAT16: return run_bwd_d<__half>(*args, d, ws, workspace, stream);
-      case GM_BFLOAT16: return run_bwd_d<__nv_bfloat16>(*args, d, ws, workspace, stream);
+      case GM_FLOAT32: return run_bwd_d<float>(*args, d, ws, false, workspace, stream);
+      case GM_FLOAT16: return run_bwd_d<__half>(*args, d, ws, use_mma, workspace, stream);
+      case GM_BFLOAT16: return run_bwd_d<__nv_bfloat16>(*args, d, ws, use_mma, workspace, stream);
     }
     return refuse("dtype");
   } catch (...) {

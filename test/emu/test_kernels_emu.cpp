@@ -9,6 +9,7 @@
 #include "cuda_emu.hpp"
 #include "gpu/gpu_test_util.hpp"
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -28,8 +29,11 @@ gm_tensor t4(void* p, std::int64_t B, std::int64_t N, std::int64_t H, std::int64
 }
 
 //! Forward, backward (with d(bias)) and partition/unpartition of one random problem; inputs are
-//! a function of `seed` only, so two calls differ only by the emulator's schedule.
-outputs run_all(const problem& prob, gm_dtype dt, std::int64_t H, std::int64_t D, gm_algo algo, std::uint64_t seed) {
+//! a function of `seed` only, so two calls differ only by the emulator's schedule. `algo` picks
+//! the forward and the backward; `nan` puts a NaN into one k and one d_o element (the tensor-core
+//! backward's exact fallback then runs in the CTAs that hold them).
+outputs run_all(const problem& prob, gm_dtype dt, std::int64_t H, std::int64_t D, gm_algo algo, std::uint64_t seed,
+                bool nan = false) {
   std::mt19937_64 rng(seed);
   const std::int64_t B = prob.batch, N = prob.part.num_tokens;
   const std::int64_t R = (2 * prob.geom.window - 1) * (2 * prob.geom.window - 1);
@@ -40,7 +44,11 @@ outputs run_all(const problem& prob, gm_dtype dt, std::int64_t H, std::int64_t D
     for (std::size_t i = 0; i < count; ++i) h.set(i, nd(rng));
     return h;
   };
-  const htensor hq = random_tensor(n), hk = random_tensor(n), hv = random_tensor(n), hdo = random_tensor(n);
+  htensor hq = random_tensor(n), hk = random_tensor(n), hv = random_tensor(n), hdo = random_tensor(n);
+  if (nan) {
+    hk.set(n / 2, NAN);
+    hdo.set(n / 3 + 5, NAN);
+  }
   std::vector<float> bias(static_cast<std::size_t>(R * H)), dbias0(bias.size());
   for (auto& x : bias) x = 0.5f * nd(rng);
   for (auto& x : dbias0) x = nd(rng);
@@ -79,6 +87,7 @@ outputs run_all(const problem& prob, gm_dtype dt, std::int64_t H, std::int64_t D
   b.d_bias_table = make_tensor(dtable.p, {R, H}, {H, 1});
   b.part = f.part;
   b.window = f.window;
+  b.algo = algo;
   std::size_t ws_bytes = 0;
   GM_CHECK_CUDA(gm_attention_bwd_workspace_size(&b, &ws_bytes));
   dbuf<unsigned char> ws(ws_bytes + 1);
@@ -131,29 +140,35 @@ TEST_CASE("emulated kernels: bitwise identical under every thread schedule (no r
     gm_dtype dt;
     std::int64_t H, D;
     gm_algo algo;
+    bool nan = false;
   };
   std::vector<config> configs;
-  // G <= 64: the tensor-core forward (AUTO) and the SIMT one; windows of 14 (G up to 196, several
-  // query tiles); one group of every token (masking mode); per-sample flat layout.
+  // G <= 64: the tensor-core forward and backward (AUTO, MMA) and the SIMT ones; windows of 14
+  // (G up to 196, several query tiles); one group of every token (masking mode); per-sample flat
+  // layout.
   configs.push_back({shared_mask_problem(rng, 28, 7, 3, 2), GM_BFLOAT16, 2, 32, GM_ALGO_AUTO});
   configs.push_back({shared_mask_problem(rng, 28, 7, 0, 1), GM_FLOAT16, 1, 64, GM_ALGO_MMA});
   configs.push_back({shared_mask_problem(rng, 28, 7, 3, 1), GM_FLOAT32, 2, 64, GM_ALGO_SIMT});
   configs.push_back({shared_mask_problem(rng, 28, 14, 7, 1, greenmim::strategy::single), GM_BFLOAT16, 1, 32, GM_ALGO_SIMT});
   configs.push_back({single_group_problem(rng, 14, 7, 0, 1), GM_FLOAT32, 1, 32, GM_ALGO_SIMT});
   configs.push_back({per_sample_problem(rng, 14, 7, 3, 3, 0.5), GM_BFLOAT16, 2, 64, GM_ALGO_AUTO});
+  // the tensor-core backward's exact fallback (non-finite k / d_o in some CTAs); the SIMT
+  // backward on 16-bit data
+  configs.push_back({shared_mask_problem(rng, 28, 7, 3, 1), GM_BFLOAT16, 2, 32, GM_ALGO_MMA, true});
+  configs.push_back({shared_mask_problem(rng, 28, 7, 3, 1), GM_FLOAT16, 1, 32, GM_ALGO_SIMT});
   for (const config& c : configs) {
     INFO(c.prob.name << " dtype " << gm_dtype_name(c.dt) << " H " << c.H << " D " << c.D << " algo " << static_cast<int>(c.algo));
     const std::uint64_t inputs = rng();
     gm_emu::set_schedule(gm_emu::schedule::forward);
     const std::uint64_t before = gm_emu::blocks_run();
-    const outputs want = run_all(c.prob, c.dt, c.H, c.D, c.algo, inputs);
+    const outputs want = run_all(c.prob, c.dt, c.H, c.D, c.algo, inputs, c.nan);
     CHECK(gm_emu::blocks_run() > before);
     const std::vector<std::pair<gm_emu::schedule, std::uint64_t>> others = {
         {gm_emu::schedule::reverse, 0}, {gm_emu::schedule::random, rng()}, {gm_emu::schedule::random, rng()}};
     for (const auto& s : others) {
       INFO("schedule " << static_cast<int>(s.first) << " seed " << s.second);
       gm_emu::set_schedule(s.first, s.second);
-      const outputs got = run_all(c.prob, c.dt, c.H, c.D, c.algo, inputs);
+      const outputs got = run_all(c.prob, c.dt, c.H, c.D, c.algo, inputs, c.nan);
       CHECK(got.o == want.o);
       CHECK(got.lse == want.lse);
       CHECK(got.dq == want.dq);

@@ -448,7 +448,8 @@ struct bwd_out {
 //! Kernel backward with o / lse from the kernel forward (passed in, device), poisoned padded
 //! outputs, dbias starting from `dbias0`.
 bwd_out gpu_backward(const attn_setup& s, const device_partition& dp, const gm_tensor& o, const gm_tensor& lse,
-                     const gm_tensor& d_o, const std::vector<float>& dbias0, bool want_dbias, bool allow_nan) {
+                     const gm_tensor& d_o, const std::vector<float>& dbias0, bool want_dbias, bool allow_nan,
+                     gm_algo algo = GM_ALGO_AUTO) {
   const layout lg = padded(s.B, s.N, s.H, s.D, 8, 0);
   const std::size_t bytes = static_cast<std::size_t>(lg.storage) * gm_dtype_size(s.dt);
   dbuf<unsigned char> dq(bytes), dk(bytes), dv(bytes);
@@ -471,6 +472,7 @@ bwd_out gpu_backward(const attn_setup& s, const device_partition& dp, const gm_t
   a.d_bias_table = want_dbias ? make_tensor(dbias.p, {s.R, s.H}, {s.H, 1}) : make_tensor(nullptr, {s.R, s.H}, {s.H, 1});
   a.part = dp.c();
   a.window = s.window;
+  a.algo = algo;
   std::size_t ws_bytes = 0;
   GM_CHECK_CUDA(gm_attention_bwd_workspace_size(&a, &ws_bytes));
   dbuf<unsigned char> ws(ws_bytes + 1);
@@ -524,14 +526,24 @@ ref_bwd cpu_backward(const attn_setup& s, const std::vector<double>& o, const st
 
 //! Forward on the device (SIMT), then the backward against the reference fed with the SAME o and
 //! lse (so only the backward is measured), dbias accumulated onto random initial values, and
-//! bitwise reproducibility over repeated runs. `nan_in_do` puts a NaN into d_o of one token.
+//! bitwise reproducibility over repeated runs. `nan_in_do` puts a NaN into d_o of one token;
+//! `nan_in` = 0, 1, 2, 3 puts one into q, k, v or d_o of token `nan_token` (sample B-1, head H-1).
 void check_backward(const problem& prob, gm_dtype dt, std::int64_t H, std::int64_t D, bool packed, std::mt19937_64& rng,
-                    bool nan_in_do = false) {
+                    bool nan_in_do = false, int nan_in = -1, index_t nan_token = 0) {
 #if GM_HAVE_REFERENCE
   INFO(prob.name << " dtype " << gm_dtype_name(dt) << " H " << H << " D " << D << (packed ? " packed qkv" : "")
-                 << (nan_in_do ? " NaN in d_o" : ""));
+                 << (nan_in_do ? " NaN in d_o" : "") << (nan_in >= 0 ? " NaN in " : "")
+                 << (nan_in >= 0 ? std::string(1, "qkvd"[nan_in]) : std::string()));
   device_partition dp(prob.part);
   attn_setup s = make_setup(prob, dt, H, D, packed, true, rng);
+  if (nan_in >= 0 && nan_in < 3) {
+    // packed: q, k, v share hq's storage (make_setup leaves hk, hv empty)
+    htensor& hs = packed || nan_in == 0 ? s.hq : nan_in == 1 ? s.hk : s.hv;
+    std::vector<double>& vals = nan_in == 0 ? s.q : nan_in == 1 ? s.k : s.v;
+    write_value(hs, nan_in == 0 ? s.lq : nan_in == 1 ? s.lk : s.lv, s.B - 1, nan_token, H - 1, 1, NAN, vals);
+    s.upload();
+  }
+  const bool allow_nan = nan_in_do || nan_in >= 0;  // outputs may hold NaN (their pattern is compared)
   // forward into contiguous o / lse
   const layout lo = contiguous(s.B, s.N, H, D);
   const layout ll = contiguous(s.B, s.N, H, 1);
@@ -557,7 +569,8 @@ void check_backward(const problem& prob, gm_dtype dt, std::int64_t H, std::int64
   // incoming gradient
   htensor hdo(dt, static_cast<std::size_t>(lo.storage));
   std::vector<double> do_vals = fill_random(hdo, lo, rng, 1.0);
-  if (nan_in_do) write_value(hdo, lo, s.B - 1, s.N / 2, H - 1, 1, NAN, do_vals);
+  if (nan_in == 3) write_value(hdo, lo, s.B - 1, nan_token, H - 1, 1, NAN, do_vals);
+  else if (nan_in_do && nan_in < 0) write_value(hdo, lo, s.B - 1, s.N / 2, H - 1, 1, NAN, do_vals);
   dbuf<unsigned char> d_o = to_device(hdo);
   std::vector<float> dbias0(static_cast<std::size_t>(s.R * H));
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -566,27 +579,32 @@ void check_backward(const problem& prob, gm_dtype dt, std::int64_t H, std::int64
   const ref_bwd want = cpu_backward(s, o_vals, lse_vals, do_vals, dbias0);
   const gm_tensor to = tensor_of(o.p, dt, lo, 4), tl = tensor_of(lse.p, GM_FLOAT32, ll, 3),
                   tdo = tensor_of(d_o.p, dt, lo, 4);
-  const bwd_out got = gpu_backward(s, dp, to, tl, tdo, dbias0, true, nan_in_do);
-  const double tol = tolerance(dt);
-  compare(got.dq, want.dq, tol, "dq");
-  compare(got.dk, want.dk, tol, "dk");
-  compare(got.dv, want.dv, tol, "dv");
-  std::vector<double> db(got.dbias.begin(), got.dbias.end());
-  compare(db, want.dbias, tol, "dbias");
-  // determinism: bitwise identical over repeated runs (fresh poisoned workspace each time)
-  for (int rep = 0; rep < 2; ++rep) {
-    const bwd_out again = gpu_backward(s, dp, to, tl, tdo, dbias0, true, nan_in_do);
-    CHECK(std::memcmp(again.dbias.data(), got.dbias.data(), got.dbias.size() * sizeof(float)) == 0);
-    CHECK(again.raw_dq == got.raw_dq);
-    CHECK(again.raw_dk == got.raw_dk);
-    CHECK(again.raw_dv == got.raw_dv);
+  for (gm_algo algo : algos_for(dt, prob.part.group_size)) {
+    INFO("backward algo " << std::string(algo_name(algo)));
+    const bwd_out got = gpu_backward(s, dp, to, tl, tdo, dbias0, true, allow_nan, algo);
+    const double tol = tolerance(dt);
+    compare(got.dq, want.dq, tol, "dq");
+    compare(got.dk, want.dk, tol, "dk");
+    compare(got.dv, want.dv, tol, "dv");
+    std::vector<double> db(got.dbias.begin(), got.dbias.end());
+    compare(db, want.dbias, tol, "dbias");
+    // determinism: bitwise identical over repeated runs (fresh poisoned workspace each time)
+    for (int rep = 0; rep < 2; ++rep) {
+      const bwd_out again = gpu_backward(s, dp, to, tl, tdo, dbias0, true, allow_nan, algo);
+      CHECK(std::memcmp(again.dbias.data(), got.dbias.data(), got.dbias.size() * sizeof(float)) == 0);
+      CHECK(again.raw_dq == got.raw_dq);
+      CHECK(again.raw_dk == got.raw_dk);
+      CHECK(again.raw_dv == got.raw_dv);
+    }
+    // without a dbias request the table is left alone and the gradients are the same
+    const bwd_out nodb = gpu_backward(s, dp, to, tl, tdo, dbias0, false, allow_nan, algo);
+    CHECK(std::memcmp(nodb.dbias.data(), dbias0.data(), dbias0.size() * sizeof(float)) == 0);
+    CHECK(nodb.raw_dq == got.raw_dq);
+    CHECK(nodb.raw_dk == got.raw_dk);
+    CHECK(nodb.raw_dv == got.raw_dv);
   }
-  // without a dbias request the table is left alone and the gradients are the same
-  const bwd_out nodb = gpu_backward(s, dp, to, tl, tdo, dbias0, false, nan_in_do);
-  CHECK(std::memcmp(nodb.dbias.data(), dbias0.data(), dbias0.size() * sizeof(float)) == 0);
-  CHECK(nodb.raw_dq == got.raw_dq);
 #else
-  (void)prob; (void)dt; (void)H; (void)D; (void)packed; (void)rng; (void)nan_in_do;
+  (void)prob; (void)dt; (void)H; (void)D; (void)packed; (void)rng; (void)nan_in_do; (void)nan_in; (void)nan_token;
 #endif
 }
 
@@ -624,6 +642,46 @@ TEST_CASE("gpu attention backward: per-sample layout, large and interleaved grou
   }
   check_backward(stage1, GM_FLOAT32, 2, 32, false, rng, true);
   check_backward(many_ctas, GM_FLOAT32, 1, 32, false, rng);
+}
+
+TEST_CASE("gpu attention backward: NaN in q, k, v or d_o stays in its window (tensor-core exact fallback too)") {
+  GM_SKIP_WITHOUT_DEVICE();
+  GM_SKIP_WITHOUT_REFERENCE();
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  // groups of 49 slots holding several (shifted) windows, so that isolation inside a group counts
+  const problem prob = shared_mask_problem(rng, 28, 7, 3, 2, greenmim::strategy::fast, 49);
+  index_t victim = -1;  // a token whose group holds at least two windows
+  const index_t G = prob.part.group_size;
+  for (index_t g = 0; g < prob.part.num_groups && victim < 0; ++g) {
+    const std::size_t at = static_cast<std::size_t>(g) * G;
+    bool several = false;
+    for (index_t i = 0; i < G; ++i) {
+      const index_t w = prob.part.slot_window[at + i];
+      several = several || (w >= 0 && w != prob.part.slot_window[at]);
+    }
+    if (several) victim = prob.part.gather[at];
+  }
+  REQUIRE(victim >= 0);
+  for (gm_dtype dt : {GM_BFLOAT16, GM_FLOAT16})
+    for (int which : {0, 1, 2, 3}) check_backward(prob, dt, 2, which % 2 ? 64 : 32, which == 2, rng, false, which, victim);
+}
+
+TEST_CASE("gpu attention backward: tensor-core shapes (G not a multiple of 16, 1-3 heads, shifts, packed qkv)") {
+  GM_SKIP_WITHOUT_DEVICE();
+  GM_SKIP_WITHOUT_REFERENCE();
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const problem stage2_shift = shared_mask_problem(rng, 28, 7, 3, 2);
+  const problem stage3_shift = shared_mask_problem(rng, 14, 7, 3, 3);
+  const problem per_window = shared_mask_problem(rng, 28, 7, 0, 1, greenmim::strategy::per_window);
+  const problem per_sample = per_sample_problem(rng, 14, 7, 3, 3, 0.3);
+  check_backward(stage2_shift, GM_BFLOAT16, 3, 64, true, rng);
+  check_backward(stage3_shift, GM_FLOAT16, 1, 32, false, rng);
+  check_backward(per_window, GM_FLOAT16, 2, 64, true, rng);
+  check_backward(per_sample, GM_BFLOAT16, 3, 32, false, rng);
 }
 
 // Small and quick: the subset run under compute-sanitizer (memcheck, racecheck, synccheck,

@@ -184,6 +184,9 @@ TEST_CASE("kernels ABI: backward can_implement, workspace size, refusals") {
       {"dk self-overlap", [](gm_attention_bwd_args& x) { x.dk.stride[2] = 0; }},
       {"head_dim 128", [](gm_attention_bwd_args& x) { x.q.extent[3] = 128; }},
       {"dtype", [](gm_attention_bwd_args& x) { x.dtype = static_cast<gm_dtype>(-1); }},
+      {"MMA with G > 64", [](gm_attention_bwd_args& x) { x.algo = GM_ALGO_MMA; x.part.group_size = 65; }},
+      {"MMA with unaligned dq rows", [](gm_attention_bwd_args& x) { x.algo = GM_ALGO_MMA; x.dq.data = static_cast<char*>(x.dq.data) + 2; }},
+      {"MMA with float32", [](gm_attention_bwd_args& x) { x.algo = GM_ALGO_MMA; x.dtype = GM_FLOAT32; }},
   };
   for (const mutation& m : bad) {
     gm_attention_bwd_args x = good_bwd();
@@ -193,6 +196,25 @@ TEST_CASE("kernels ABI: backward can_implement, workspace size, refusals") {
     CHECK(refused(gm_attention_bwd_workspace_size(&x, &bytes)));
     CHECK(refused(gm_attention_bwd(&x, fake(30), std::size_t{1} << 30, nullptr)));
   }
+  // the tensor-core backward: accepted where it applies, with the same workspace; AUTO and SIMT
+  // fall back to the SIMT kernels where it does not
+  for (gm_dtype dt : {GM_FLOAT16, GM_BFLOAT16}) {
+    gm_attention_bwd_args m = good_bwd(dt);
+    m.algo = GM_ALGO_MMA;
+    CHECK(gm_attention_bwd_can_implement(&m) == cudaSuccess);
+    CHECK(gm_attention_bwd_workspace_size(&m, &bytes) == cudaSuccess);
+    CHECK(bytes == up(delta) + up(partial));
+  }
+  gm_attention_bwd_args f32 = good_bwd(GM_FLOAT32);
+  CHECK(gm_attention_bwd_can_implement(&f32) == cudaSuccess);
+  f32.algo = GM_ALGO_MMA;
+  CHECK(refused(gm_attention_bwd_can_implement(&f32)));
+  CHECK(std::string(gm_last_refusal()).find("GM_ALGO_MMA") != std::string::npos);
+  gm_attention_bwd_args big = good_bwd();
+  big.part.group_size = 65;
+  CHECK(gm_attention_bwd_can_implement(&big) == cudaSuccess);  // AUTO: SIMT
+  big.algo = GM_ALGO_SIMT;
+  CHECK(gm_attention_bwd_can_implement(&big) == cudaSuccess);
   // workspace checks happen before any launch
   REQUIRE(gm_attention_bwd_workspace_size(&a, &bytes) == cudaSuccess);
   CHECK(refused(gm_attention_bwd(&a, fake(30), bytes - 1, nullptr)));
