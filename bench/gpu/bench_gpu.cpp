@@ -6,8 +6,9 @@
 // Per stage and shift it reports the median time (cudaEvent around each launch, queued behind
 // a 50 us GPU spin so the host's launch latency is not timed, warm-up first, input sets
 // rotated so that they do not sit in L2) of: forward (AUTO = tensor-core path when
-// possible, and the SIMT path), backward (dq/dk/dv + deterministic dbias), partition (gather)
-// and unpartition (scatter) of [B, N, C] features; the bytes each must move at least (each input
+// possible, and the SIMT path), backward (dq/dk/dv + deterministic dbias: the tensor-core
+// path where it applies, and the SIMT path), partition (gather) and unpartition (scatter) of
+// [B, N, C] features; the bytes each must move at least (each input
 // read once, each output written once), the achieved bandwidth over those bytes, and the floor
 // = max(bytes / copy bandwidth, useful FLOPs / GEMM rate). It also writes each stage's partition
 // as JSON for bench/gpu/torch_bench.py, so that the PyTorch paths run on the same groups.
@@ -336,7 +337,7 @@ int main(int argc, char** argv) {
         a.algo = algo;
         return a;
       };
-      auto bwd_args = [&](int set) {
+      auto bwd_args = [&](int set, gm_algo algo) {
         gm_attention_bwd_args a{};
         a.dtype = GM_BFLOAT16;
         a.q = rows4(qkv[set].p, 0, 3);
@@ -352,6 +353,7 @@ int main(int argc, char** argv) {
         a.d_bias_table = tdbias;
         a.part = cp;
         a.window = g.window;
+        a.algo = algo;
         return a;
       };
       // o / lse for the backward: one forward on set 0 (the backward reuses them for every set:
@@ -362,7 +364,7 @@ int main(int argc, char** argv) {
       }
       std::size_t ws_bytes = 0;
       {
-        const gm_attention_bwd_args a = bwd_args(0);
+        const gm_attention_bwd_args a = bwd_args(0, GM_ALGO_AUTO);  // the same for every algo
         BENCH_CHECK(gm_attention_bwd_workspace_size(&a, &ws_bytes));
       }
       dmem ws(ws_bytes);
@@ -400,14 +402,17 @@ int main(int argc, char** argv) {
             opt.warmup, opt.reps);
         add(algo == GM_ALGO_AUTO ? "forward (auto)" : "forward (simt)", ms, 4 * row_bytes + lse_bytes, fwd_flops);
       }
-      {
+      // the tensor-core backward where it applies (G <= 64), and the SIMT one
+      for (gm_algo algo : {GM_ALGO_MMA, GM_ALGO_SIMT}) {
+        const gm_attention_bwd_args probe = bwd_args(0, algo);
+        if (gm_attention_bwd_can_implement(&probe) != cudaSuccess) continue;
         const double ms = median_ms(
             [&](int i) {
-              const gm_attention_bwd_args a = bwd_args(i % sets);
+              const gm_attention_bwd_args a = bwd_args(i % sets, algo);
               BENCH_CHECK(gm_attention_bwd(&a, ws.p, ws_bytes, nullptr));
             },
             opt.warmup, opt.reps);
-        add("backward", ms, 8 * row_bytes + lse_bytes, bwd_flops);
+        add(algo == GM_ALGO_MMA ? "backward (mma)" : "backward (simt)", ms, 8 * row_bytes + lse_bytes, bwd_flops);
       }
       // partition / unpartition of [B, N, C] features (the qkv buffer reinterpreted as features)
       {
