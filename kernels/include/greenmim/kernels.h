@@ -48,9 +48,11 @@ typedef enum gm_dtype GM_ENUM_BASE {
 } gm_dtype;
 
 /*! Which attention implementation to run. AUTO picks the fastest one that can implement the
- *  arguments. SIMT: CUDA-core kernel, any dtype, G <= GM_SIMT_MAX_GROUP. MMA: tensor-core
- *  (mma.sync m16n8k16) forward, fp16/bf16, G <= 64, 16-byte aligned rows; refused otherwise.
- *  The backward always runs the SIMT kernels (MMA is treated as AUTO there). */
+ *  arguments. SIMT: CUDA-core kernels, any dtype, G <= GM_SIMT_MAX_GROUP. MMA: tensor-core
+ *  (mma.sync m16n8k16) kernels, fp16/bf16, G <= 64, head_dim 32/64, 16-byte aligned rows (for
+ *  the backward: of q, k, v, o, d_o, dq, dk, dv) and shared memory within the device's limit;
+ *  refused otherwise (gm_last_refusal says why). Forward and backward choose independently; the
+ *  MMA backward is one pass (dq, dk, dv) plus the d(bias) reduction. */
 typedef enum gm_algo GM_ENUM_BASE {
   GM_ALGO_AUTO = 0,
   GM_ALGO_SIMT = 1,
