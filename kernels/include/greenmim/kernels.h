@@ -228,6 +228,70 @@ cudaError_t gm_build_partition(void* d_temp_storage, size_t* temp_storage_bytes,
                                cudaStream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
+ * Convolutions on visible tokens (Twins; docs/sparse-conv.md)
+ *
+ * Index tables are built on the host by include/greenmim/sparse_conv.hpp and uploaded as int32:
+ * the 3x3 submanifold neighbour table `nbr` [N, 9] (-1 = masked or outside) and the
+ * kernel = stride block table `gather` [N_next, s*s] (row-major within a block). Features are
+ * [B, N, C] with a unit-stride last dimension in `dtype`; weights, biases and their gradients are
+ * float32, contiguous, in PyTorch's layouts; accumulation is float32. Gradients are overwritten.
+ * Table entries outside [0, N) read as zero (never an out-of-bounds access): validate tables on
+ * the host. The CPU reference is include/greenmim/reference/conv.hpp. Speed: unverified.
+ * ------------------------------------------------------------------------------------------- */
+
+/*! Depthwise 3x3 submanifold conv (PEG):
+ *  y[b,t,c] = bias[c] + sum_o weight[c*9 + o] * x[b, nbr[t*9 + o], c] (+ x[b,t,c] if residual).
+ *  Backward: dx through the same table at mirrored offsets (no atomics); dweight / dbias bitwise
+ *  deterministic (fixed 32-token tiles of per-tile partials in the workspace, summed in a fixed
+ *  order). 16-byte vectorized when C % 8 == 0 and every row is 16-byte aligned. */
+typedef struct gm_depthwise_conv_args {
+  gm_dtype dtype;       /*!< element type of x, y, dy, dx */
+  gm_tensor x;          /*!< [B, N, C] */
+  gm_tensor y;          /*!< forward output [B, N, C] */
+  gm_tensor dy;         /*!< backward input [B, N, C] */
+  gm_tensor dx;         /*!< backward output [B, N, C] */
+  const int32_t* nbr;   /*!< [N, 9] neighbour table (greenmim::neighbor_table::nbr) */
+  int32_t kernel;       /*!< must be 3 */
+  const float* weight;  /*!< [C, 9] (= [C, 1, 3, 3]) */
+  const float* bias;    /*!< [C] or NULL (forward) */
+  float* dweight;       /*!< backward output [C, 9], or NULL */
+  float* dbias;         /*!< backward output [C], or NULL */
+  int32_t residual;     /*!< nonzero: + x (Twins' PosCNN, the default); 0: as the released GreenMIM code */
+} gm_depthwise_conv_args;
+
+cudaError_t gm_depthwise_conv_fwd_can_implement(const gm_depthwise_conv_args* args);
+cudaError_t gm_depthwise_conv_fwd(const gm_depthwise_conv_args* args, cudaStream_t stream);
+cudaError_t gm_depthwise_conv_bwd_can_implement(const gm_depthwise_conv_args* args);
+/*! Workspace of the backward (16-byte aligned): ceil(N / 32) * C * 10 floats, 0 when neither
+ *  dweight nor dbias is requested. */
+cudaError_t gm_depthwise_conv_bwd_workspace_size(const gm_depthwise_conv_args* args, size_t* bytes);
+cudaError_t gm_depthwise_conv_bwd(const gm_depthwise_conv_args* args, void* workspace, size_t workspace_bytes,
+                                  cudaStream_t stream);
+
+/*! Block conv, kernel = stride = s (GSA sub-sampling, patch embedding), as gather + GEMM:
+ *  y[b,n,o] = bias[o] + sum_{c,p} weight[(o*C_in + c)*s*s + p] * x[b, gather[n*s*s + p], c].
+ *  Backward: dx (zeroed, then scattered: each input in at most one block), dweight, dbias; all
+ *  deterministic (no split reductions, no atomics). SIMT tiled GEMM (64x64x16, fp32). */
+typedef struct gm_block_conv_args {
+  gm_dtype dtype;        /*!< element type of x, y, dy, dx */
+  gm_tensor x;           /*!< [B, N, C_in] */
+  gm_tensor y;           /*!< forward output [B, N_next, C_out] */
+  gm_tensor dy;          /*!< backward input [B, N_next, C_out] */
+  gm_tensor dx;          /*!< backward output [B, N, C_in] */
+  const int32_t* gather; /*!< [N_next, s*s] block table (greenmim::block_table::gather) */
+  int32_t stride;        /*!< s (= kernel), 1..64 */
+  const float* weight;   /*!< [C_out, C_in, s, s] */
+  const float* bias;     /*!< [C_out] or NULL (forward) */
+  float* dweight;        /*!< backward output [C_out, C_in, s, s], or NULL */
+  float* dbias;          /*!< backward output [C_out], or NULL */
+} gm_block_conv_args;
+
+cudaError_t gm_block_conv_fwd_can_implement(const gm_block_conv_args* args);
+cudaError_t gm_block_conv_fwd(const gm_block_conv_args* args, cudaStream_t stream);
+cudaError_t gm_block_conv_bwd_can_implement(const gm_block_conv_args* args);
+cudaError_t gm_block_conv_bwd(const gm_block_conv_args* args, cudaStream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
  * Misc
  * ------------------------------------------------------------------------------------------- */
 

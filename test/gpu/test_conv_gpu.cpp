@@ -1,0 +1,325 @@
+// GPU tests of the convolutions on visible tokens (kernels/conv.cu) against the CPU reference
+// (include/greenmim/reference/conv.hpp, in double on the inputs as the device sees them). Run on
+// a device by greenmim_gpu_tests and on the CPU emulator by greenmim_emu_tests.
+#include "gpu_test_util.hpp"
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <greenmim/reference/conv.hpp>
+#include <greenmim/sparse_conv.hpp>
+
+namespace {
+
+using namespace gm_test;
+using greenmim::index_t;
+using greenmim::make_view;
+using greenmim::span;
+
+//! Rounded to dtype and back, as doubles.
+std::vector<double> as_double(const htensor& h) {
+  std::vector<double> v(h.size());
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = h.get(i);
+  return v;
+}
+
+htensor random_htensor(gm_dtype dt, std::size_t n, std::mt19937_64& rng) {
+  htensor h(dt, n);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (std::size_t i = 0; i < n; ++i) h.set(i, nd(rng));
+  return h;
+}
+
+std::vector<float> random_floats(std::size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+std::vector<double> widen(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+
+std::vector<double> download_double(const dbuf<unsigned char>& d, gm_dtype dt) {
+  htensor h(dt, d.n / gm_dtype_size(dt));
+  h.bytes = d.download();
+  return as_double(h);
+}
+
+//! Visible coordinates of a random mask with `unit` tokens per mask unit on a grid x grid stage.
+std::vector<index_t> unit_mask_coords(std::mt19937_64& rng, index_t grid, index_t unit, double ratio) {
+  greenmim::mask_config cfg;
+  cfg.ratio = ratio;
+  cfg.image_size = 32 * (grid / unit);
+  const auto um = greenmim::random_mask(cfg, rng(), 0);
+  std::vector<index_t> c;
+  greenmim::check(greenmim::visible_coords(span<const std::uint8_t>(um), cfg.grid(), grid, c));
+  return c;
+}
+
+using bytes = std::vector<unsigned char>;
+
+bytes float_bytes(const std::vector<float>& v) {
+  bytes b(v.size() * sizeof(float));
+  if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+//! Runs forward and backward, checks them against the reference; returns every output's bytes.
+std::vector<bytes> depthwise_case(const char* name, const std::vector<index_t>& cu, const std::vector<index_t>& coords, index_t grid,
+                    std::int64_t B, std::int64_t C, gm_dtype dt, bool residual, std::mt19937_64& rng) {
+  INFO(name << " dtype " << gm_dtype_name(dt) << " B " << B << " C " << C << " residual " << residual);
+  greenmim::neighbor_table t;
+  greenmim::check(greenmim::build_neighbor_table_per_sample(grid, grid, 3, span<const index_t>(cu),
+                                                            span<const index_t>(coords), t));
+  const std::int64_t N = t.num_tokens;
+  const std::size_t es = gm_dtype_size(dt);
+  const htensor hx = random_htensor(dt, static_cast<std::size_t>(B * N * C), rng);
+  const htensor hdy = random_htensor(dt, static_cast<std::size_t>(B * N * C), rng);
+  const auto w = random_floats(static_cast<std::size_t>(C) * 9, rng), bias = random_floats(static_cast<std::size_t>(C), rng);
+  dbuf<unsigned char> x = to_device(hx), dy = to_device(hdy);
+  dbuf<unsigned char> y(static_cast<std::size_t>(B * N * C) * es), dx(static_cast<std::size_t>(B * N * C) * es);
+  y.fill_bytes(0xFF);
+  dx.fill_bytes(0xFF);
+  dbuf<index_t> nbr = to_device(t.nbr);
+  dbuf<float> dw_d = to_device(w), bias_d = to_device(bias), dweight(static_cast<std::size_t>(C) * 9),
+              dbias(static_cast<std::size_t>(C));
+  gm_depthwise_conv_args a{};
+  a.dtype = dt;
+  a.x = make_tensor(x.p, {B, N, C}, {N * C, C, 1});
+  a.y = make_tensor(y.p, {B, N, C}, {N * C, C, 1});
+  a.dy = make_tensor(dy.p, {B, N, C}, {N * C, C, 1});
+  a.dx = make_tensor(dx.p, {B, N, C}, {N * C, C, 1});
+  a.nbr = nbr.p;
+  a.kernel = 3;
+  a.weight = dw_d.p;
+  a.bias = bias_d.p;
+  a.dweight = dweight.p;
+  a.dbias = dbias.p;
+  a.residual = residual ? 1 : 0;
+  GM_CHECK_CUDA(gm_depthwise_conv_fwd_can_implement(&a));
+  GM_CHECK_CUDA(gm_depthwise_conv_fwd(&a, nullptr));
+  std::size_t ws_bytes = 0;
+  GM_CHECK_CUDA(gm_depthwise_conv_bwd_workspace_size(&a, &ws_bytes));
+  CHECK(ws_bytes == static_cast<std::size_t>((N + 31) / 32 * C * 10) * sizeof(float));
+  dbuf<unsigned char> ws(ws_bytes);
+  GM_CHECK_CUDA(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr));
+  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  // reference in double on the device's inputs
+  const auto xd = as_double(hx), dyd = as_double(hdy), wd = widen(w), bd = widen(bias);
+  std::vector<double> y_ref(xd.size()), dx_ref(xd.size()), dw_ref(wd.size()), db_ref(bd.size());
+  const span<const index_t> tn(t.nbr);
+  REQUIRE(greenmim::reference::depthwise_conv_forward<double>(tn, 3, make_view(xd.data(), B, N, C),
+                                                              make_view(wd.data(), C, 9), span<const double>(bd),
+                                                              residual, make_view(y_ref.data(), B, N, C)) ==
+          greenmim::status::success);
+  REQUIRE(greenmim::reference::depthwise_conv_backward<double>(
+              tn, 3, make_view(xd.data(), B, N, C), make_view(wd.data(), C, 9), make_view(dyd.data(), B, N, C), residual,
+              make_view(dx_ref.data(), B, N, C), make_view(dw_ref.data(), C, 9), span<double>(db_ref)) ==
+          greenmim::status::success);
+  const double tol = tolerance(dt);
+  CHECK(rel_error(download_double(y, dt), y_ref) <= tol);
+  CHECK(rel_error(download_double(dx, dt), dx_ref) <= tol);
+  const auto dw1 = dweight.download(), db1 = dbias.download();
+  CHECK(rel_error(widen(dw1), dw_ref) <= 1e-5);
+  CHECK(rel_error(widen(db1), db_ref) <= 1e-5);
+  // bitwise deterministic weight gradients: run again over a poisoned workspace
+  ws.fill_bytes(0x7F);
+  GM_CHECK_CUDA(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr));
+  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  const auto dw2 = dweight.download(), db2 = dbias.download();
+  CHECK(std::memcmp(dw1.data(), dw2.data(), dw1.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(db1.data(), db2.data(), db1.size() * sizeof(float)) == 0);
+  return {y.download(), dx.download(), float_bytes(dw1), float_bytes(db1)};
+}
+
+std::vector<bytes> block_case(const char* name, const std::vector<index_t>& cu, const std::vector<index_t>& coords, index_t grid,
+                index_t s, std::int64_t B, std::int64_t Ci, std::int64_t Co, gm_dtype dt, std::mt19937_64& rng) {
+  INFO(name << " dtype " << gm_dtype_name(dt) << " s " << s << " B " << B << " C_in " << Ci << " C_out " << Co);
+  greenmim::block_table bt;
+  greenmim::check(greenmim::build_block_table_per_sample(grid, grid, s, span<const index_t>(cu),
+                                                         span<const index_t>(coords), bt));
+  const std::int64_t N = bt.num_inputs, Nn = bt.num_outputs(), P = static_cast<std::int64_t>(s) * s;
+  const std::size_t es = gm_dtype_size(dt);
+  const htensor hx = random_htensor(dt, static_cast<std::size_t>(B * N * Ci), rng);
+  const htensor hdy = random_htensor(dt, static_cast<std::size_t>(B * Nn * Co), rng);
+  const auto w = random_floats(static_cast<std::size_t>(Co * Ci * P), rng), bias = random_floats(static_cast<std::size_t>(Co), rng);
+  dbuf<unsigned char> x = to_device(hx), dy = to_device(hdy);
+  dbuf<unsigned char> y(static_cast<std::size_t>(B * Nn * Co) * es), dx(static_cast<std::size_t>(B * N * Ci) * es);
+  y.fill_bytes(0xFF);
+  dx.fill_bytes(0xFF);
+  dbuf<index_t> gather = to_device(bt.gather);
+  dbuf<float> wd_d = to_device(w), bias_d = to_device(bias), dweight(w.size()), dbias(bias.size());
+  gm_block_conv_args a{};
+  a.dtype = dt;
+  a.x = make_tensor(x.p, {B, N, Ci}, {N * Ci, Ci, 1});
+  a.y = make_tensor(y.p, {B, Nn, Co}, {Nn * Co, Co, 1});
+  a.dy = make_tensor(dy.p, {B, Nn, Co}, {Nn * Co, Co, 1});
+  a.dx = make_tensor(dx.p, {B, N, Ci}, {N * Ci, Ci, 1});
+  a.gather = gather.p;
+  a.stride = s;
+  a.weight = wd_d.p;
+  a.bias = bias_d.p;
+  a.dweight = dweight.p;
+  a.dbias = dbias.p;
+  GM_CHECK_CUDA(gm_block_conv_fwd_can_implement(&a));
+  GM_CHECK_CUDA(gm_block_conv_fwd(&a, nullptr));
+  GM_CHECK_CUDA(gm_block_conv_bwd_can_implement(&a));
+  GM_CHECK_CUDA(gm_block_conv_bwd(&a, nullptr));
+  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  const auto xd = as_double(hx), dyd = as_double(hdy), wdd = widen(w), bd = widen(bias);
+  std::vector<double> y_ref(static_cast<std::size_t>(B * Nn * Co)), dx_ref(xd.size()), dw_ref(wdd.size()), db_ref(bd.size());
+  const span<const index_t> g(bt.gather);
+  REQUIRE(greenmim::reference::block_conv_forward<double>(g, s, make_view(xd.data(), B, N, Ci),
+                                                          make_view(wdd.data(), Co, Ci, s, s), span<const double>(bd),
+                                                          make_view(y_ref.data(), B, Nn, Co)) == greenmim::status::success);
+  REQUIRE(greenmim::reference::block_conv_backward<double>(
+              g, s, make_view(xd.data(), B, N, Ci), make_view(wdd.data(), Co, Ci, s, s), make_view(dyd.data(), B, Nn, Co),
+              make_view(dx_ref.data(), B, N, Ci), make_view(dw_ref.data(), Co, Ci, s, s), span<double>(db_ref)) ==
+          greenmim::status::success);
+  const double tol = tolerance(dt);
+  CHECK(rel_error(download_double(y, dt), y_ref) <= tol);
+  CHECK(rel_error(download_double(dx, dt), dx_ref) <= tol);
+  const auto dw1 = dweight.download(), db1 = dbias.download();
+  CHECK(rel_error(widen(dw1), dw_ref) <= 1e-5);
+  CHECK(rel_error(widen(db1), db_ref) <= 1e-5);
+  return {y.download(), dx.download(), float_bytes(dw1), float_bytes(db1)};
+}
+
+}  // namespace
+
+TEST_CASE("gpu depthwise conv (PEG): fwd and bwd vs the CPU reference, vector and scalar paths, deterministic dweight") {
+  GM_SKIP_WITHOUT_DEVICE();
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed << " (GM_TEST_SEED)");
+  std::mt19937_64 rng(seed);
+  // shared mask (batch axis), 14 x 14 stage with 2 x 2-token mask units
+  const auto c = unit_mask_coords(rng, 14, 2, 0.6);
+  const std::vector<index_t> cu{0, static_cast<index_t>(c.size())};
+  for (gm_dtype dt : {GM_FLOAT32, GM_FLOAT16, GM_BFLOAT16}) {
+    depthwise_case("shared mask, C 16 (vectorized)", cu, c, 14, 2, 16, dt, true, rng);
+    depthwise_case("shared mask, C 12 (scalar)", cu, c, 14, 2, 12, dt, false, rng);
+  }
+  // per-sample flat layout: any token sets, image borders, one sample empty
+  std::vector<index_t> flat, cu2{0};
+  std::bernoulli_distribution keep(0.45);
+  for (int b = 0; b < 3; ++b) {
+    for (index_t h = 0; h < 9; ++h)
+      for (index_t w = 0; w < 9; ++w)
+        if (b != 1 && keep(rng)) flat.push_back(greenmim::pack_coord(h, w));
+    cu2.push_back(static_cast<index_t>(flat.size()));
+  }
+  depthwise_case("per-sample", cu2, flat, 9, 1, 24, GM_FLOAT32, true, rng);
+  depthwise_case("per-sample", cu2, flat, 9, 1, 5, GM_BFLOAT16, true, rng);
+}
+
+TEST_CASE("gpu block conv (kernel = stride): fwd and bwd vs the CPU reference") {
+  GM_SKIP_WITHOUT_DEVICE();
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed << " (GM_TEST_SEED)");
+  std::mt19937_64 rng(seed);
+  const auto c = unit_mask_coords(rng, 16, 4, 0.5);  // 4 x 4-token units on a 16 x 16 stage
+  const std::vector<index_t> cu{0, static_cast<index_t>(c.size())};
+  for (gm_dtype dt : {GM_FLOAT32, GM_FLOAT16, GM_BFLOAT16}) {
+    block_case("GSA-like s 4", cu, c, 16, 4, 2, 12, 20, dt, rng);
+    block_case("patch-embedding-like s 2", cu, c, 16, 2, 2, 8, 70, dt, rng);
+  }
+  std::vector<index_t> flat = c, cu2{0, static_cast<index_t>(c.size())};
+  const auto c2 = unit_mask_coords(rng, 16, 4, 0.75);
+  flat.insert(flat.end(), c2.begin(), c2.end());
+  cu2.push_back(static_cast<index_t>(flat.size()));
+  block_case("per-sample s 4", cu2, flat, 16, 4, 1, 16, 16, GM_FLOAT32, rng);
+}
+
+TEST_CASE("gpu conv entry points refuse bad arguments before launching") {
+  // no device needed: every refusal happens on the host
+  std::vector<float> host(64);
+  float* p = host.data();
+  gm_depthwise_conv_args a{};
+  a.dtype = GM_FLOAT32;
+  a.x = make_tensor(p, {1, 2, 4}, {8, 4, 1});
+  a.y = make_tensor(p + 16, {1, 2, 4}, {8, 4, 1});
+  const index_t nbr[18] = {};
+  a.nbr = nbr;
+  a.weight = p + 32;
+  a.kernel = 3;
+  CHECK(gm_depthwise_conv_fwd_can_implement(&a) == cudaSuccess);
+  a.kernel = 5;
+  CHECK(gm_depthwise_conv_fwd_can_implement(&a) == cudaErrorInvalidValue);
+  CHECK(std::string(gm_last_refusal()).find("kernel") != std::string::npos);
+  a.kernel = 3;
+  a.y = make_tensor(p + 4, {1, 2, 4}, {8, 4, 1});  // overlaps x
+  CHECK(gm_depthwise_conv_fwd(&a, nullptr) == cudaErrorInvalidValue);
+  a.y = make_tensor(p + 16, {1, 3, 4}, {12, 4, 1});
+  CHECK(gm_depthwise_conv_fwd(&a, nullptr) == cudaErrorInvalidValue);
+  a.y = make_tensor(p + 16, {1, 2, 4}, {8, 4, 1});
+  a.nbr = nullptr;
+  CHECK(gm_depthwise_conv_fwd(&a, nullptr) == cudaErrorInvalidValue);
+  a.nbr = nbr;
+  a.dtype = static_cast<gm_dtype>(7);
+  CHECK(gm_depthwise_conv_fwd(&a, nullptr) == cudaErrorInvalidValue);
+  a.dtype = GM_FLOAT32;
+  a.dy = make_tensor(p + 16, {1, 2, 4}, {8, 4, 1});
+  a.dx = make_tensor(p + 40, {1, 2, 4}, {8, 4, 1});
+  a.dweight = p + 56;
+  std::size_t bytes = 0;
+  CHECK(gm_depthwise_conv_bwd_workspace_size(&a, &bytes) == cudaSuccess);
+  CHECK(bytes == 4 * 10 * sizeof(float));
+  CHECK(gm_depthwise_conv_bwd(&a, nullptr, 0, nullptr) == cudaErrorInvalidValue);  // workspace too small
+  CHECK(std::string(gm_last_refusal()).find("workspace") != std::string::npos);
+  CHECK(gm_depthwise_conv_bwd_workspace_size(nullptr, &bytes) == cudaErrorInvalidValue);
+
+  gm_block_conv_args b{};
+  b.dtype = GM_FLOAT16;
+  b.x = make_tensor(p, {1, 4, 2}, {8, 2, 1});
+  b.y = make_tensor(p + 16, {1, 1, 3}, {3, 3, 1});
+  const index_t g4[4] = {0, 1, 2, 3};
+  b.gather = g4;
+  b.stride = 2;
+  b.weight = p + 32;
+  CHECK(gm_block_conv_fwd_can_implement(&b) == cudaSuccess);
+  b.stride = 0;
+  CHECK(gm_block_conv_fwd(&b, nullptr) == cudaErrorInvalidValue);
+  b.stride = 2;
+  b.gather = nullptr;
+  CHECK(gm_block_conv_fwd(&b, nullptr) == cudaErrorInvalidValue);
+  b.gather = g4;
+  b.x = make_tensor(p, {1, 4, 2}, {8, 1, 2});  // last stride not 1
+  CHECK(gm_block_conv_fwd(&b, nullptr) == cudaErrorInvalidValue);
+  CHECK(gm_block_conv_bwd(nullptr, nullptr) == cudaErrorInvalidValue);
+}
+
+#if defined(GREENMIM_CUDA_EMULATION)
+#include "cuda_emu.hpp"
+
+TEST_CASE("emulated conv kernels: bitwise identical under every thread schedule (no races between barriers)") {
+  struct restore {
+    ~restore() { gm_emu::set_schedule(gm_emu::schedule::forward); }
+  } guard;
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed << " (GM_TEST_SEED)");
+  auto run_all = [](std::uint64_t inputs) {
+    std::mt19937_64 rng(inputs);
+    std::vector<bytes> out;
+    const auto c = unit_mask_coords(rng, 16, 4, 0.5);
+    const std::vector<index_t> cu{0, static_cast<index_t>(c.size())};
+    for (auto& b : depthwise_case("schedule", cu, c, 16, 2, 16, GM_BFLOAT16, true, rng)) out.push_back(b);
+    for (auto& b : depthwise_case("schedule", cu, c, 16, 1, 3, GM_FLOAT32, false, rng)) out.push_back(b);
+    for (auto& b : block_case("schedule", cu, c, 16, 4, 2, 12, 20, GM_FLOAT16, rng)) out.push_back(b);
+    return out;
+  };
+  std::mt19937_64 rng(seed);
+  const std::uint64_t inputs = rng();
+  gm_emu::set_schedule(gm_emu::schedule::forward);
+  const auto want = run_all(inputs);
+  const std::vector<std::pair<gm_emu::schedule, std::uint64_t>> others = {
+      {gm_emu::schedule::reverse, 0}, {gm_emu::schedule::random, rng()}};
+  for (const auto& sch : others) {
+    INFO("schedule " << static_cast<int>(sch.first) << " seed " << sch.second);
+    gm_emu::set_schedule(sch.first, sch.second);
+    const auto got = run_all(inputs);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want[i]);
+  }
+}
+#endif
