@@ -27,10 +27,13 @@ from torch import nn
 
 import greenmim
 
-MODELS = {
-    "swin_base_patch4_window7_224": dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
-    "swin_large_patch4_window7_224": dict(embed_dim=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)),
-    "toy": dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)),
+MODELS = {  # name: (architecture kwargs, image size, window, Swin V2)
+    "swin_base_patch4_window7_224": (dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)), 224, 7, False),
+    "swin_large_patch4_window7_224": (dict(embed_dim=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)), 224, 7, False),
+    "swinv2_base_window8_256": (dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)), 256, 8, True),
+    "swinv2_large_window12_192": (dict(embed_dim=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48)), 192, 12, True),
+    "toy": (dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)), 224, 7, False),
+    "toy-v2": (dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)), 256, 8, True),
 }
 ROWS = ("simmim", "greenmim", "per-sample", "released")
 
@@ -70,11 +73,13 @@ def unit_masks(batch: int, per_sample: bool, ratio: float, gen: torch.Generator,
 def make_row(row: str, cfg: dict, args, device):
     if row == "simmim":
         import timm
-        m = timm.models.swin_transformer.SwinTransformer(img_size=args.img, num_classes=0, window_size=7,
-                                                         drop_path_rate=0.0, **cfg)
+        cls = timm.models.swin_transformer_v2.SwinTransformerV2 if args.v2 else \
+            timm.models.swin_transformer.SwinTransformer
+        m = cls(img_size=args.img, num_classes=0, window_size=args.window, drop_path_rate=0.0, **cfg)
         return SimMIMSwin(m, cfg["embed_dim"]).to(device)
     impl = "released" if row == "released" else "greenmim"
-    return greenmim.VisibleSwinTransformer(img_size=args.img, window_size=7, attn_impl=impl, **cfg).to(device)
+    cls = greenmim.VisibleSwinTransformerV2 if args.v2 else greenmim.VisibleSwinTransformer
+    return cls(img_size=args.img, window_size=args.window, attn_impl=impl, **cfg).to(device)
 
 
 def run_row(row: str, cfg: dict, args, device) -> dict:
@@ -145,9 +150,9 @@ def breakdown(cfg: dict, args, device) -> list:
         C, H = cfg["embed_dim"] << s, cfg["num_heads"][s]
         D = C // H
         row = dict(stage=s + 1)
-        for shift in (0, 3):
+        for shift in (0, args.window // 2):
             parts = []
-            t_build = _time(lambda: parts.append(greenmim.stage_partition(ms, 7, shift, C, device=device,
+            t_build = _time(lambda: parts.append(greenmim.stage_partition(ms, args.window, shift, C, device=device,
                                                                           cache=False)), clock, args.reps)
             part = parts[-1]
             x = torch.randn(args.batch, part.num_tokens, C, device=device, dtype=dtype)
@@ -158,7 +163,7 @@ def breakdown(cfg: dict, args, device) -> list:
                                                              part.slot_coord, part.group_size, part.window,
                                                              D ** -0.5, "auto")
             g = torch.randn_like(o)
-            key = f"shift{shift}"
+            key = "shifted" if shift else "plain"
             row[f"{key}_G"] = f"{part.group_size}x{part.num_groups}"
             row[f"{key}_plan_ms"] = part.plan_us / 1e3
             row[f"{key}_index_ms"] = max(t_build - part.plan_us / 1e3, 0.0)
@@ -178,7 +183,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="swin_base_patch4_window7_224", choices=sorted(MODELS))
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--img", type=int, default=224)
+    ap.add_argument("--img", type=int, default=None, help="image size (default: the model's)")
     ap.add_argument("--ratio", type=float, default=0.75)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
@@ -191,13 +196,15 @@ def main(argv=None) -> int:
     ap.add_argument("--toy", action="store_true", help="tiny model, batch 2, 2 steps, CPU: a smoke run")
     args = ap.parse_args(argv)
     if args.toy:
-        args.model, args.batch, args.steps, args.warmup, args.reps, args.device = "toy", 2, 2, 1, 2, "cpu"
+        args.model = "toy-v2" if MODELS[args.model][3] else "toy"
+        args.batch, args.steps, args.warmup, args.reps, args.device = 2, 2, 1, 2, "cpu"
     rows = [r for r in args.rows.split(",") if r]
     bad = [r for r in rows if r not in ROWS]
     if bad:
         ap.error(f"unknown rows {bad}; choose from {ROWS}")
     device = torch.device(args.device)
-    cfg = MODELS[args.model]
+    cfg, img, args.window, args.v2 = MODELS[args.model]
+    args.img = args.img or img
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"== train step: {args.model}, batch {args.batch}, {args.img} px, ratio {args.ratio}, "
           f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}, AdamW, {name}, torch {torch.__version__}")
@@ -227,11 +234,11 @@ def main(argv=None) -> int:
         print("\n## per-stage breakdown (greenmim, one shared mask; ms)")
         bd = breakdown(cfg, args, device)
         cols = ["G x groups", "plan", "index build", "group", "ungroup", "attn fwd", "attn bwd"]
-        print("| stage | shift | " + " | ".join(cols) + " |")
+        print("| stage | windows | " + " | ".join(cols) + " |")
         print("|---|---|" + "---|" * len(cols))
         for r in bd:
-            for sh in (0, 3):
-                k = f"shift{sh}"
+            for k in ("plain", "shifted"):
+                sh = k
                 vals = [r[f"{k}_G"]] + [f"{r[f'{k}_{c}_ms']:.4f}" for c in
                                         ("plan", "index", "group", "ungroup", "attn_fwd", "attn_bwd")]
                 print(f"| {r['stage']} | {sh} | " + " | ".join(vals) + " |")

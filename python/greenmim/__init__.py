@@ -16,6 +16,8 @@ from .ops import (group_window_attention, group_window_attention_packed, partiti
 from .released import released_group_attention
 from .swin import (GroupWindowAttention, PatchMerging, VisibleSwinTransformer, swin_base_patch4_window7_224,
                    swin_large_patch4_window7_224)
+from .swinv2 import (GroupWindowAttentionV2, VisibleSwinTransformerV2, swinv2_base_window8_256,
+                     swinv2_base_window16_256, swinv2_large_window12_192)
 
 __version__ = "0.1.0"
 __all__ = [
@@ -23,5 +25,6 @@ __all__ = [
     "plan_masks", "random_masks", "stage_partition", "window_geometry", "group_window_attention",
     "group_window_attention_packed", "partition_tokens", "unpartition_tokens", "released_group_attention",
     "GroupWindowAttention", "PatchMerging", "VisibleSwinTransformer", "swin_base_patch4_window7_224",
-    "swin_large_patch4_window7_224",
+    "swin_large_patch4_window7_224", "GroupWindowAttentionV2", "VisibleSwinTransformerV2", "swinv2_base_window8_256",
+    "swinv2_base_window16_256", "swinv2_large_window12_192",
 ]

@@ -125,13 +125,15 @@ class PatchMerging(nn.Module):
 class SwinTransformerStage(nn.Module):
     def __init__(self, dim: int, out_dim: int, depth: int, downsample: bool, num_heads: int, window_size: int,
                  mlp_ratio: float, qkv_bias: bool, proj_drop: float, drop_path: Sequence[float], norm_layer,
-                 attn_impl: str):
+                 attn_impl: str, block_cls=None, merge_cls=None, **block_kw):
         super().__init__()
-        self.downsample = PatchMerging(dim, out_dim, norm_layer) if downsample else nn.Identity()
+        block_cls = block_cls or SwinTransformerBlock
+        merge_cls = merge_cls or PatchMerging
+        self.downsample = merge_cls(dim, out_dim, norm_layer) if downsample else nn.Identity()
         self.blocks = nn.ModuleList([
-            SwinTransformerBlock(out_dim, num_heads, window_size, shifted=(i % 2 == 1), mlp_ratio=mlp_ratio,
-                                 qkv_bias=qkv_bias, proj_drop=proj_drop, drop_path=drop_path[i],
-                                 norm_layer=norm_layer, attn_impl=attn_impl)
+            block_cls(out_dim, num_heads, window_size, shifted=(i % 2 == 1), mlp_ratio=mlp_ratio,
+                      qkv_bias=qkv_bias, proj_drop=proj_drop, drop_path=drop_path[i],
+                      norm_layer=norm_layer, attn_impl=attn_impl, **block_kw)
             for i in range(depth)])
 
     def forward(self, x: Tensor, stage: StagePlan, merge_in: Optional[Tensor],
@@ -179,7 +181,8 @@ class VisibleSwinTransformer(nn.Module):
                  depths: Sequence[int] = (2, 2, 6, 2), num_heads: Sequence[int] = (3, 6, 12, 24),
                  window_size: int = 7, mlp_ratio: float = 4.0, qkv_bias: bool = True, proj_drop_rate: float = 0.0,
                  drop_path_rate: float = 0.0, norm_layer=nn.LayerNorm, num_classes: int = 0,
-                 attn_impl: str = "greenmim", strategy: str = "fast"):
+                 attn_impl: str = "greenmim", strategy: str = "fast", block_cls=None, merge_cls=None,
+                 block_kw_per_stage: Optional[Sequence[dict]] = None):
         super().__init__()
         self.img_size, self.patch_size, self.window_size = img_size, patch_size, window_size
         self.embed_dim, self.depths, self.strategy = embed_dim, tuple(depths), strategy
@@ -192,9 +195,10 @@ class VisibleSwinTransformer(nn.Module):
         for i in range(n):
             out_dim = embed_dim * 2 ** i
             win, _ = window_geometry(grid >> i, grid >> i, window_size, 0)  # timm's small-stage window
+            extra = block_kw_per_stage[i] if block_kw_per_stage else {}
             layers.append(SwinTransformerStage(in_dim, out_dim, depths[i], i > 0, num_heads[i], win, mlp_ratio,
                                                qkv_bias, proj_drop_rate, dpr[start:start + depths[i]], norm_layer,
-                                               attn_impl))
+                                               attn_impl, block_cls, merge_cls, **extra))
             in_dim, start = out_dim, start + depths[i]
         self.layers = nn.ModuleList(layers)
         self.norm = norm_layer(self.num_features)

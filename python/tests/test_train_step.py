@@ -22,6 +22,17 @@ def test_train_step_toy_runs_all_rows():
     assert text.rstrip().endswith("train_step: done")
 
 
+def test_train_step_toy_swin_v2_rows():
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, str(ROOT / "bench/gpu/train_step.py"), "--toy", "--model",
+                          "swinv2_base_window8_256", "--no-breakdown"], capture_output=True, text=True, env=env,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "toy-v2, batch 2, 256 px" in out.stdout
+    for row in ("simmim", "greenmim", "per-sample", "released"):
+        assert f"| {row} |" in out.stdout
+
+
 def test_train_step_rejects_unknown_rows():
     out = subprocess.run([sys.executable, str(ROOT / "bench/gpu/train_step.py"), "--toy", "--rows", "bogus"],
                          capture_output=True, text=True, timeout=300,
