@@ -32,8 +32,11 @@ struct window_geometry {
   GREENMIM_HOST_DEVICE constexpr bool contains(index_t h, index_t w) const {
     return h >= 0 && h < height && w >= 0 && w < width;
   }
+  //! Positive sides up to 32767 (what `pack_coord` addresses; keeps the window count and the
+  //! window-id math inside index_t), 0 <= shift < window <= 32767.
   GREENMIM_HOST_DEVICE constexpr bool valid() const {
-    return height > 0 && width > 0 && window > 0 && shift >= 0 && shift < window;
+    return height > 0 && width > 0 && height <= 32767 && width <= 32767 && window > 0 && window <= 32767 &&
+           shift >= 0 && shift < window;
   }
 };
 
