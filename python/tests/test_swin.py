@@ -129,3 +129,30 @@ def test_training_step_reduces_loss_on_cpu():
         losses.append(float(loss.detach()))
     assert losses[-1] < losses[0]
     assert model.layers[0].blocks[1].attn.relative_position_bias_table.grad.abs().sum() > 0
+
+
+def test_simmim_192_window6_geometry():
+    """SimMIM's recipe: 192 px, window 6, 32-px mask units covering 8x8 patches at stage 1, so
+    windows (6x6) do not line up with mask units. All visible equals timm; masked, every
+    attention equals the window oracle."""
+    cfg = {**TINY, "img_size": 192, "window_size": 6}
+    ref, ours = _pair(**{k: v for k, v in cfg.items() if k not in TINY or TINY[k] != v})
+    x = torch.randn(2, 3, 192, 192, dtype=torch.float64)
+    with torch.no_grad():
+        got = ours(x, ours.plan(torch.ones(6, 6, dtype=torch.bool)))
+        want = ref.forward_features(x)
+    torch.testing.assert_close(got, want.reshape(2, -1, want.shape[-1]), rtol=1e-9, atol=1e-9)
+    plan = ours.plan(greenmim.random_masks(2, grid=6))
+    assert [s.grid for s in plan.stages] == [(48, 48), (24, 24), (12, 12), (6, 6)]
+    assert plan.stages[3].partitions[1].window == 6 and plan.stages[3].partitions[1].shift == 0
+    log = []
+    hooks = _attention_hooks(ours, log)
+    with torch.no_grad():
+        ours(x, plan)
+    for h in hooks:
+        h.remove()
+    for mod, xin, part, out in log:
+        B, N, C = xin.shape
+        qkv = mod.qkv(xin).view(B, N, 3, mod.num_heads, mod.head_dim)
+        o = oracle_attention(*qkv.unbind(2), mod.relative_position_bias_table, part, part.window)
+        torch.testing.assert_close(out, mod.proj(o.reshape(B, N, C)), rtol=1e-10, atol=1e-10)
