@@ -47,7 +47,7 @@ def test_packed_attention_forward_backward(dtype):
     b64 = bias.detach().double().requires_grad_()
     o64 = oracle_attention(*qkv64.unbind(2), b64, part, part.window)
     o64.backward(g.double())
-    scale = lambda t: max(1.0, float(t.abs().max()))
+    scale = lambda t: max(1.0, float(t.detach().abs().max()))
     tol = TOL[dtype]
     o = o.detach()
     assert float((o.double() - o64).abs().max()) <= tol * scale(o64)
