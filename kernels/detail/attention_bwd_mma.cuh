@@ -28,9 +28,10 @@
 //! V, O, lse or the bias only reaches S / dP entries that the selection drops for other windows.
 //!
 //! d(bias), deterministic: the fp32 dS tile [query][key] is summed into per-warp private rows of
-//! the table in shared memory: warp w takes query rows (w & 1) * 32 + lane and keys
-//! [(w >> 1) * 32, +32), one key per step (then __syncwarp); the lanes that attend one key lie in
-//! one window with distinct coordinates, hence distinct buckets. The 4 rows are summed in warp
+//! the table in shared memory (laid over the operand tiles, dead by then: at head_dim 32 and
+//! window 7 a CTA needs 57 KB, so 4 fit an sm_90 SM): warp w takes query rows (w & 1) * 32 + lane
+//! and keys [(w >> 1) * 32, +32), one key per step (then __syncwarp); the lanes that attend one
+//! key lie in one window with distinct coordinates, hence distinct buckets. The 4 rows are summed in warp
 //! order into the CTA's partial in the workspace (the SIMT kernel's layout, q_tiles = 1), which
 //! `dbias_reduce` reduces in a fixed order, as for the SIMT backward.
 #pragma once
@@ -66,12 +67,19 @@ struct mma_bwd_tile {
   static constexpr int LDP = ROWS + 8;   // P, dS rows, 16-bit (also dK staging: D + 8 <= LDP)
   static constexpr int LDF = ROWS + 1;   // fp32 dS rows (d(bias)): conflict-free column reads
   static constexpr int CH = D * 2 / 16;  // 16-byte chunks per row
-  //! Dynamic shared memory: 4 operand tiles, P and dS tiles, win/crd/lse/delta, the bias
-  //! column, and with d(bias) the fp32 dS tile plus one table row per warp.
+  static constexpr std::size_t tiles = 4u * ROWS * LDS * 2u + 2u * ROWS * LDP * 2u;  // Q K V dO P dS
+  //! Bytes at the start of the dynamic shared memory: the 6 tiles, which the per-warp d(bias)
+  //! table rows overlay once the tiles are dead (a multiple of 16).
+  static constexpr std::size_t head(int bias_rows, bool dbias) {
+    return dbias && static_cast<std::size_t>(WARPS) * bias_rows * 4u > tiles
+               ? static_cast<std::size_t>(WARPS) * bias_rows * 4u
+               : tiles;
+  }
+  //! Dynamic shared memory: the head, win/crd/lse/delta, the bias column, and with d(bias) the
+  //! fp32 dS tile. (D = 32, window 7, d(bias): 57,252 bytes, 4 CTAs per sm_90 SM.)
   static constexpr std::size_t smem(int bias_rows, bool dbias) {
-    return 4u * ROWS * LDS * 2u + 2u * ROWS * LDP * 2u + 4u * ROWS * 4u +
-           static_cast<std::size_t>(bias_rows) * 4u +
-           (dbias ? static_cast<std::size_t>(ROWS) * LDF * 4u + static_cast<std::size_t>(WARPS) * bias_rows * 4u : 0u);
+    return head(bias_rows, dbias) + 4u * ROWS * 4u + static_cast<std::size_t>(bias_rows) * 4u +
+           (dbias ? static_cast<std::size_t>(ROWS) * LDF * 4u : 0u);
   }
 };
 
@@ -219,15 +227,15 @@ __global__ void __launch_bounds__(mma_bwd_tile<D>::THREADS) attention_bwd_mma(co
   T* dos = vs + ROWS * LDS;
   T* ps = dos + ROWS * LDS;   // P  [query][key]
   T* dss = ps + ROWS * LDP;   // dS [query][key]
-  index_t* win = reinterpret_cast<index_t*>(dss + ROWS * LDP);
+  const int rows = p.bias.rows;
+  const bool want_dbias = p.dbias_partial != nullptr;
+  float* wbuf = reinterpret_cast<float*>(smem_f4);  // [WARPS][rows] with d(bias), over the dead tiles
+  index_t* win = reinterpret_cast<index_t*>(reinterpret_cast<char*>(smem_f4) + C::head(rows, want_dbias));
   index_t* crd = win + ROWS;
   float* lse_s = reinterpret_cast<float*>(crd + ROWS);
   float* delta_s = lse_s + ROWS;
   float* bias_s = delta_s + ROWS;
-  const int rows = p.bias.rows;
-  const bool want_dbias = p.dbias_partial != nullptr;
   float* dsf = bias_s + rows;        // [ROWS][LDF] fp32 dS, with d(bias)
-  float* wbuf = dsf + ROWS * LDF;    // [WARPS][rows], with d(bias)
 
   const int G = p.part.group_size;  // <= 64 (checked by the launcher)
   const int g = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -253,8 +261,6 @@ __global__ void __launch_bounds__(mma_bwd_tile<D>::THREADS) attention_bwd_mma(co
   }
   if (with_bias)
     for (int r = threadIdx.x; r < rows; r += C::THREADS) bias_s[r] = __ldg(p.bias.data + r * p.bias.s0 + h * p.bias.s1);
-  if (want_dbias)
-    for (int i = threadIdx.x; i < C::WARPS * rows; i += C::THREADS) wbuf[i] = 0.f;
 
   // ---- Q, K, V, dO rows (zero rows for padding) and delta = rowsum(dO * O) ------------------------
   bool finite = true;
@@ -430,7 +436,9 @@ __global__ void __launch_bounds__(mma_bwd_tile<D>::THREADS) attention_bwd_mma(co
 
   // ---- d(bias): fp32 dS into per-warp table rows, then the CTA's partial -------------------------
   if (want_dbias) {
-    __syncthreads();  // dsf complete (either path)
+    __syncthreads();  // dsf complete (either path); the tiles are dead
+    for (int i = threadIdx.x; i < C::WARPS * rows; i += C::THREADS) wbuf[i] = 0.f;
+    __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int i = (warp & 1) * 32 + lane;
     const int j0 = (warp >> 1) * 32, j1 = min(j0 + 32, G);

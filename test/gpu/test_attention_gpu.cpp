@@ -678,7 +678,11 @@ TEST_CASE("gpu attention backward: tensor-core shapes (G not a multiple of 16, 1
   const problem stage3_shift = shared_mask_problem(rng, 14, 7, 3, 3);
   const problem per_window = shared_mask_problem(rng, 28, 7, 0, 1, greenmim::strategy::per_window);
   const problem per_sample = per_sample_problem(rng, 14, 7, 3, 3, 0.3);
+  // one 28 x 28 window, ~31 tokens: a 55^2-row table, whose per-warp d(bias) rows outgrow the
+  // operand tiles they are laid over
+  const problem big_table = per_sample_problem(rng, 28, 28, 0, 1, 0.04);
   check_backward(stage2_shift, GM_BFLOAT16, 3, 64, true, rng);
+  check_backward(big_table, GM_BFLOAT16, 2, 32, false, rng);
   check_backward(stage3_shift, GM_FLOAT16, 1, 32, false, rng);
   check_backward(per_window, GM_FLOAT16, 2, 64, true, rng);
   check_backward(per_sample, GM_BFLOAT16, 3, 32, false, rng);
