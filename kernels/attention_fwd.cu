@@ -6,11 +6,18 @@
 #include "detail/attention_checks.hpp"
 #include "detail/attention_mma.cuh"
 #include "detail/attention_simt.cuh"
+#include "detail/fwd_tuning.hpp"
 #include "detail/launch.cuh"
 
 namespace greenmim {
 namespace detail {
 namespace cuda {
+
+int& fwd_mma_heads_override() {
+  static int v = 0;
+  return v;
+}
+
 namespace {
 
 //! Checks; on success `d` describes the problem and `use_mma` the chosen implementation.
@@ -63,6 +70,27 @@ cudaError_t run_fwd(const gm_attention_fwd_args& a, const attn_dims& d, bool use
   if (use_mma) {
     if constexpr (!std::is_same<T, float>::value) {
       p.q_tiles = 1;
+      if constexpr (D == 32) {  // several heads per CTA (head_dim 64: see fwd_heads_min_ctas)
+        constexpr std::size_t smem_cap = 48u * 1024u;
+        int hpc = 1;
+        if (fwd_mma_heads_override() > 0) {
+          hpc = fwd_mma_heads_override() < d.H ? fwd_mma_heads_override() : static_cast<int>(d.H);
+          while (hpc > 1 && mma_heads_tile<D>::smem(d.bias_rows, hpc) > smem_cap) --hpc;
+        } else if (d.H > 1) {
+          int dev = 0, sms = 0;
+          GM_TRY(cudaGetDevice(&dev));
+          GM_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+          hpc = fwd_mma_heads_per_cta(a.part.num_groups, d.H, d.B, sms,
+                                      mma_heads_tile<D>::smem(d.bias_rows, 4) <= smem_cap,
+                                      mma_heads_tile<D>::smem(d.bias_rows, 2) <= smem_cap);
+        }
+        if (hpc > 1) {
+          const unsigned head_ctas = static_cast<unsigned>((d.H + hpc - 1) / hpc);
+          const dim3 grid(static_cast<unsigned>(a.part.num_groups), head_ctas, static_cast<unsigned>(d.B));
+          return launch(attention_fwd_mma_heads<T, D>, grid, mma_tile<D>::THREADS,
+                        mma_heads_tile<D>::smem(d.bias_rows, hpc), stream, p, hpc);
+        }
+      }
       const dim3 grid(static_cast<unsigned>(a.part.num_groups), static_cast<unsigned>(d.H), static_cast<unsigned>(d.B));
       return launch(attention_fwd_mma<T, D>, grid, mma_tile<D>::THREADS, mma_tile<D>::smem(d.bias_rows), stream, p);
     }

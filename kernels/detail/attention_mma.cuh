@@ -348,6 +348,263 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS) attention_fwd_mma(const 
   }
 }
 
+//! Several heads per CTA: the same tile and arithmetic as attention_fwd_mma, for heads
+//! [blockIdx.y * hpc, + hpc) of one (group, sample) in turn. What does not depend on the head is
+//! done once per CTA instead of once per head: the slot ids and coordinates (a row is loaded iff
+//! its id is a window, which already says that its token index is valid), and, per lane, the
+//! mask / relative-position
+//! bucket of each of its 32 accumulator elements (`codes`, int16 in shared memory, each lane
+//! reading only what it wrote: no barrier). Per head, the scale-bias-mask step is then a table
+//! lookup instead of the pair's window test and bucket arithmetic. The result of each head is
+//! bitwise that of attention_fwd_mma (same operations in the same order).
+template <int D>
+struct mma_heads_tile {
+  using C = mma_tile<D>;
+  static constexpr int CODES = C::ROWS * C::ROWS;  // 16 rows x 64 keys per warp, int16
+  static constexpr std::size_t smem(int bias_rows, int hpc) {
+    return 3u * C::ROWS * C::LDS * 2u + CODES * sizeof(std::int16_t) + 2u * C::ROWS * sizeof(index_t) +
+           static_cast<std::size_t>(hpc) * static_cast<std::size_t>(bias_rows) * sizeof(float);
+  }
+};
+
+//! Code of an accumulator element: the pair is masked (-1), attends with a bucket outside the
+//! table (-2: NaN bias, as pair_bucket's -1 in attention_fwd_mma), or attends with bias row >= 0
+//! (0 without a table).
+constexpr int k_code_masked = -1, k_code_nan = -2;
+
+//! Resident CTAs per SM the several-heads kernel is compiled for: those of the one-head kernel at
+//! head_dim 32 (63 registers: 8) on sm_90, so that sharing the head-independent work does not
+//! cost occupancy (left to itself ptxas takes 93 registers); 7 on sm_80, where 8 would spill.
+//! No spills either way (nvcc 13.0). Head_dim 64 keeps the one-head kernel: capped at its 6
+//! CTAs per SM this kernel spills (44 bytes on sm_90).
+constexpr int fwd_heads_min_ctas() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  return 7;
+#else
+  return 8;
+#endif
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(mma_tile<D>::THREADS, fwd_heads_min_ctas()) attention_fwd_mma_heads(const fwd_params<T> p, const int hpc) {
+  using C = mma_tile<D>;
+  using M = mma16<T>;
+  constexpr int LDS = C::LDS, CH = C::CH, ROWS = C::ROWS;
+  constexpr int DT = D / 8;    // n-tiles of the output
+  constexpr int KS = D / 16;   // k-steps of Q K^T
+  constexpr int LOADS = ROWS * CH / C::THREADS;  // 16-byte chunks per thread and tensor
+  GM_DYNAMIC_SMEM(smem_f4);
+  T* qs = reinterpret_cast<T*>(smem_f4);
+  T* ks = qs + ROWS * LDS;
+  T* vs = ks + ROWS * LDS;
+  std::int16_t* codes = reinterpret_cast<std::int16_t*>(vs + ROWS * LDS);
+  index_t* win = reinterpret_cast<index_t*>(codes + mma_heads_tile<D>::CODES);
+  index_t* crd = win + ROWS;
+  float* bias_s = reinterpret_cast<float*>(crd + ROWS);  // [hpc][rows]
+
+  const int G = p.part.group_size;  // <= 64 (checked by the launcher)
+  const int g = blockIdx.x, b = blockIdx.z;
+  const int h0 = static_cast<int>(blockIdx.y) * hpc;
+  const int nh = p.heads - h0 < hpc ? p.heads - h0 : hpc;
+  const std::int64_t base = static_cast<std::int64_t>(g) * G;
+  const index_t* gather = p.part.gather + base;
+  const index_t N = p.part.num_tokens;
+  const bool with_bias = p.bias.data != nullptr;
+  const int brows = p.bias.rows;
+
+  // ---- once per CTA: slot ids, bias columns, the rows' tokens --------------------------------
+  for (int i = threadIdx.x; i < ROWS; i += C::THREADS) {
+    index_t w = pad_index, c = 0;
+    if (i < G) {
+      const index_t t = gather[i];
+      const index_t sw = p.part.slot_window[base + i];
+      w = (sw >= 0 && t >= 0 && t < N) ? sw : pad_index;
+      c = p.part.slot_coord != nullptr ? p.part.slot_coord[base + i] : 0;
+    }
+    win[i] = w;
+    crd[i] = c;
+  }
+  if (with_bias)
+    for (int x = threadIdx.x; x < nh * brows; x += C::THREADS) {
+      const int j = x / brows, r = x - j * brows;
+      bias_s[x] = __ldg(p.bias.data + r * p.bias.s0 + (h0 + j) * p.bias.s1);
+    }
+  __syncthreads();  // win, crd, bias_s
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int r0 = warp * 16;
+  const bool has_rows = r0 < G;  // else this warp only helps loading (and meets the barriers)
+  const int NT = (G + 7) / 8;    // key n-tiles in use
+  const int KT = (G + 15) / 16;  // 16-key chunks in use
+  namespace L = mma_layout;
+  const int ra = r0 + L::acc_row(lane, 0), rb = r0 + L::acc_row(lane, 2);  // the two rows this lane holds
+  std::int16_t* my_codes = codes + warp * 16 * ROWS;  // element ((nt*2 + e)*2 + row)*32 + lane
+  if (has_rows) {
+    const index_t wa = win[ra], wb = win[rb];
+    const index_t ca = crd[ra], cb = crd[rb];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = nt * 8 + L::acc_col(lane, e);
+        const index_t wc = win[c], cc = crd[c];
+        int code_a = k_code_masked, code_b = k_code_masked;
+        if (attends(wa, wc)) {
+          code_a = 0;
+          if (with_bias) {
+            const int r = pair_bucket(ca, cc, p.window, brows);
+            code_a = r >= 0 ? r : k_code_nan;
+          }
+        }
+        if (attends(wb, wc)) {
+          code_b = 0;
+          if (with_bias) {
+            const int r = pair_bucket(cb, cc, p.window, brows);
+            code_b = r >= 0 ? r : k_code_nan;
+          }
+        }
+        my_codes[((nt * 2 + e) * 2 + 0) * 32 + lane] = static_cast<std::int16_t>(code_a);
+        my_codes[((nt * 2 + e) * 2 + 1) * 32 + lane] = static_cast<std::int16_t>(code_b);
+      }
+    }
+  }
+
+  for (int j = 0; j < nh; ++j) {
+    const int h = h0 + j;
+    const float* bias_h = bias_s + j * brows;
+    if (j > 0) __syncthreads();  // every warp is done with the previous head's Q, K, V tiles
+    // ---- this head's Q/K/V rows -----------------------------------------------------------------
+    bool finite = true;
+#pragma unroll
+    for (int it = 0; it < LOADS; ++it) {
+      const int idx = threadIdx.x + it * C::THREADS;
+      const int r = idx / CH, c = idx % CH;
+      uint4 uq = make_uint4(0, 0, 0, 0), uk = uq, uv = uq;
+      if (win[r] >= 0) {  // a real token (the slot's id was checked against gather once, above)
+        const index_t t = gather[r];
+        uq = __ldg(reinterpret_cast<const uint4*>(p.q.row(b, t, h)) + c);
+        uk = __ldg(reinterpret_cast<const uint4*>(p.k.row(b, t, h)) + c);
+        uv = __ldg(reinterpret_cast<const uint4*>(p.v.row(b, t, h)) + c);
+        finite = finite && M::finite2(uv.x) && M::finite2(uv.y) && M::finite2(uv.z) && M::finite2(uv.w);
+      }
+      *reinterpret_cast<uint4*>(qs + r * LDS + c * 8) = uq;
+      *reinterpret_cast<uint4*>(ks + r * LDS + c * 8) = uk;
+      *reinterpret_cast<uint4*>(vs + r * LDS + c * 8) = uv;
+    }
+    const bool all_finite = __syncthreads_and(finite);
+    if (!all_finite) {  // CTA-uniform
+      mma_group_exact<T, D>(p, qs, ks, vs, win, crd, bias_h, gather, G, h, b);
+      continue;
+    }
+    if (!has_rows) continue;
+
+    // ---- S = Q K^T ------------------------------------------------------------------------------
+    float s[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      unsigned a[4];
+      ldmatrix_x4(a, qs + (r0 + L::a_ld_row(lane)) * LDS + kk * 16 + L::a_ld_col(lane));
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        if (2 * np < NT) {
+          unsigned bk[4];
+          ldmatrix_x4(bk, ks + (np * 16 + L::bk_ld_row(lane)) * LDS + kk * 16 + L::bk_ld_col(lane));
+          M::run(s[2 * np], a, bk[0], bk[1]);
+          if (2 * np + 1 < NT) M::run(s[2 * np + 1], a, bk[2], bk[3]);
+        }
+      }
+    }
+
+    // ---- scale, bias, exact mask (from the codes), row softmax ---------------------------------
+    float ma = -INFINITY, mb = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int code_a = my_codes[((nt * 2 + e) * 2 + 0) * 32 + lane];
+        const int code_b = my_codes[((nt * 2 + e) * 2 + 1) * 32 + lane];
+        float va = -INFINITY, vb = -INFINITY;
+        if (code_a != k_code_masked) {
+          const float bias = code_a >= 0 ? (with_bias ? bias_h[code_a] : 0.f) : __int_as_float(0x7fc00000);
+          va = s[nt][e] * p.scale + bias;
+        }
+        if (code_b != k_code_masked) {
+          const float bias = code_b >= 0 ? (with_bias ? bias_h[code_b] : 0.f) : __int_as_float(0x7fc00000);
+          vb = s[nt][2 + e] * p.scale + bias;
+        }
+        s[nt][e] = va;
+        s[nt][2 + e] = vb;
+        ma = fmaxf(ma, va);
+        mb = fmaxf(mb, vb);
+      }
+    }
+    ma = fmaxf(ma, __shfl_xor_sync(full_mask, ma, 1));
+    ma = fmaxf(ma, __shfl_xor_sync(full_mask, ma, 2));
+    mb = fmaxf(mb, __shfl_xor_sync(full_mask, mb, 1));
+    mb = fmaxf(mb, __shfl_xor_sync(full_mask, mb, 2));
+    const float ba = ma == -INFINITY ? 0.f : ma;
+    const float bb = mb == -INFINITY ? 0.f : mb;
+    float la = 0.f, lb = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        s[nt][e] = __expf(s[nt][e] - ba);
+        s[nt][2 + e] = __expf(s[nt][2 + e] - bb);
+        la += s[nt][e];
+        lb += s[nt][2 + e];
+      }
+    }
+    la += __shfl_xor_sync(full_mask, la, 1);
+    la += __shfl_xor_sync(full_mask, la, 2);
+    lb += __shfl_xor_sync(full_mask, lb, 1);
+    lb += __shfl_xor_sync(full_mask, lb, 2);
+
+    // ---- O = P V ----------------------------------------------------------------------------------
+    float o[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+#pragma unroll
+    for (int kc = 0; kc < 4; ++kc) {
+      if (kc < KT) {
+        unsigned a[4];
+        L::acc_to_a(s[2 * kc], s[2 * kc + 1], a, [](float lo, float hi) { return M::pack(lo, hi); });
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; ++dp) {
+          unsigned bv[4];
+          ldmatrix_x4_trans(bv, vs + (kc * 16 + L::bv_ld_row(lane)) * LDS + dp * 16 + L::bv_ld_col(lane));
+          M::run(o[2 * dp], a, bv[0], bv[1]);
+          M::run(o[2 * dp + 1], a, bv[2], bv[3]);
+        }
+      }
+    }
+
+    // ---- epilogue: O / l through the warp's own Q rows, 16-byte stores ------------------------------
+    const float ia = 1.f / la, ib = 1.f / lb;
+    __syncwarp();
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      const int c = dt * 8 + L::acc_col(lane, 0);
+      *reinterpret_cast<unsigned*>(qs + ra * LDS + c) = M::pack(o[dt][0] * ia, o[dt][1] * ia);
+      *reinterpret_cast<unsigned*>(qs + rb * LDS + c) = M::pack(o[dt][2] * ib, o[dt][3] * ib);
+    }
+    if (L::tig(lane) == 0 && p.lse.data != nullptr) {
+      if (win[ra] >= 0) *p.lse.at(b, gather[ra], h) = ma + logf(la);
+      if (win[rb] >= 0) *p.lse.at(b, gather[rb], h) = mb + logf(lb);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int it = 0; it < 16 * CH / 32; ++it) {
+      const int idx = lane + it * 32;
+      const int r = r0 + idx / CH, c = idx % CH;
+      if (win[r] >= 0)
+        reinterpret_cast<uint4*>(p.o.row(b, gather[r], h))[c] = *reinterpret_cast<const uint4*>(qs + r * LDS + c * 8);
+    }
+  }
+}
+
 }  // namespace cuda
 }  // namespace detail
 }  // namespace greenmim
