@@ -12,6 +12,9 @@ command -v ninja >/dev/null 2>&1 || missing+=(ninja-build)
 [ -f /usr/include/eigen3/Eigen/Dense ] || missing+=(libeigen3-dev)
 [ -f /usr/include/doctest/doctest.h ] || missing+=(doctest-dev)
 [ -f /usr/include/benchmark/benchmark.h ] || missing+=(libbenchmark-dev)
+# clang + libFuzzer for scripts/sanitize and scripts/fuzz (test/fuzz)
+command -v clang++ >/dev/null 2>&1 || missing+=(clang)
+compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a" >/dev/null || missing+=(libclang-rt-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing ${missing[*]}"
@@ -32,12 +35,12 @@ if [ ! -f build/CMakeCache.txt ]; then
 fi
 # The PyTorch package's tests (scripts/test sets GM_WITH_PYTHON=1): a virtual environment with the
 # pinned torch, timm and pytest (scripts/python_env.sh; installed once, reused after), handed to
-# ctest's python_tests. GM_WITH_PYTHON=0 (or a failed install) leaves that test skipped.
+# ctest's python_tests_* entries. GM_WITH_PYTHON=0 (or a failed install) leaves them skipped.
 if [ "${GM_WITH_PYTHON:-0}" = 1 ]; then
   if gm_python="$("$GM_ROOT/scripts/python_env.sh")"; then
     cmake -S . -B build -DGREENMIM_PYTHON_EXECUTABLE="$gm_python" >/dev/null
   else
-    echo "setup: no Python environment for the package tests; python_tests will be skipped" >&2
+    echo "setup: no Python environment for the package tests; the python_tests_* ctest entries will be skipped" >&2
   fi
 fi
 cmake --build build -j "$jobs"
