@@ -37,6 +37,8 @@
 #include <greenmim/partition.hpp>
 #include <greenmim/planner.hpp>
 
+#include "../../kernels/detail/fwd_tuning.hpp"  // heads per CTA of the tensor-core forward (A/B row)
+
 #ifdef GM_BENCH_HAVE_CUBLAS
 #include <cublas_v2.h>
 #endif
@@ -401,6 +403,20 @@ int main(int argc, char** argv) {
             },
             opt.warmup, opt.reps);
         add(algo == GM_ALGO_AUTO ? "forward (auto)" : "forward (simt)", ms, 4 * row_bytes + lse_bytes, fwd_flops);
+      }
+      {  // the tensor-core forward forced to one head per CTA: the A/B of the automatic choice
+        const gm_attention_fwd_args probe = fwd_args(0, GM_ALGO_MMA);
+        if (gm_attention_fwd_can_implement(&probe) == cudaSuccess) {
+          greenmim::detail::cuda::fwd_mma_heads_override() = 1;
+          const double ms = median_ms(
+              [&](int i) {
+                const gm_attention_fwd_args a = fwd_args(i % sets, GM_ALGO_MMA);
+                BENCH_CHECK(gm_attention_fwd(&a, nullptr));
+              },
+              opt.warmup, opt.reps);
+          greenmim::detail::cuda::fwd_mma_heads_override() = 0;
+          add("forward (mma, 1 head/CTA)", ms, 4 * row_bytes + lse_bytes, fwd_flops);
+        }
       }
       // the tensor-core backward where it applies (G <= 64), and the SIMT one
       for (gm_algo algo : {GM_ALGO_MMA, GM_ALGO_SIMT}) {
