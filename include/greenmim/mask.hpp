@@ -62,14 +62,18 @@ status build_attention_mask(const partition_indices& p, tensor_view<T, 3> out,
   return build_attention_mask<T>(make_partition_view(p), out, masked_value);
 }
 
+//! Largest window p whose relative-position indices, up to (2p-1)^2 - 1, fit index_t.
+constexpr index_t max_rel_pos_window = 23170;
+
 //! Relative-position index per slot pair: `out(g, i, j) = slot_rel_pos_index(...)` with window
 //! size `window` (the stage's effective p, `window_geometry::window`), i.e. the REFERENCE-NOTES
 //! formula on absolute coordinates for pairs that attend and `rel_pos_none` (-1) otherwise.
-//! `out` is `[n_g, G, G]`. Fails with `invalid_argument` (window <= 0), `shape_mismatch`, the status
+//! `out` is `[n_g, G, G]`. Fails with `invalid_argument` (window <= 0 or > max_rel_pos_window),
+//! `shape_mismatch`, the status
 //! of `validate_partition`, or `out_of_range` when two slots of one window lie p or more apart
 //! (their index would fall outside the table); `out` untouched on failure. O(n_g * G^2).
 inline status build_rel_pos_index(const partition_view& p, index_t window, tensor_view<index_t, 3> out) {
-  if (window <= 0 || window > 32767) return status::invalid_argument;
+  if (window <= 0 || window > max_rel_pos_window) return status::invalid_argument;
   const index_t G = p.group_size;
   if (out.extent[0] != p.num_groups || out.extent[1] != G || out.extent[2] != G)
     return status::shape_mismatch;
@@ -103,14 +107,14 @@ inline status build_rel_pos_index(const partition_indices& p, index_t window, te
 
 //! Dense relative-position bias gathered from `table` (`[(2p-1)^2, heads]`, p = `window`):
 //! `out(g, h, i, j) = table(index(g, i, j), h)` for pairs that attend, 0 otherwise (as released).
-//! `out` is `[n_g, heads, G, G]`. Fails with `invalid_argument` (window <= 0, table and out
-//! overlap), `shape_mismatch` (table rows != (2p-1)^2, heads differ, out extents), the status of
+//! `out` is `[n_g, heads, G, G]`. Fails with `invalid_argument` (window <= 0 or > max_rel_pos_window,
+//! table and out overlap), `shape_mismatch` (table rows != (2p-1)^2, heads differ, out extents), the status of
 //! `validate_partition`, or `out_of_range` as `build_rel_pos_index`; `out` untouched on failure.
 //! O(n_g * heads * G^2).
 template <class T>
 status build_rel_pos_bias(const partition_view& p, index_t window,
                           tensor_view<const detail::nondeduced_t<T>, 2> table, tensor_view<T, 4> out) {
-  if (window <= 0 || window > 32767) return status::invalid_argument;
+  if (window <= 0 || window > max_rel_pos_window) return status::invalid_argument;
   const index_t G = p.group_size;
   const std::int64_t rows = static_cast<std::int64_t>(2 * window - 1) * (2 * window - 1);
   if (table.extent[0] != rows || out.extent[0] != p.num_groups || out.extent[1] != table.extent[1] ||

@@ -27,7 +27,8 @@ inline std::int32_t size_like(FuzzedDataProvider& in, std::int32_t small_max = 6
     case 0: return in.ConsumeIntegral<std::int32_t>();
     case 1: {
       static const std::int32_t edge[] = {0, 1, -1, 2, 48, 49, 64, 255, 256, 1 << 16, (1 << 20) - 1, 1 << 20,
-                                          (1 << 20) + 1, 1 << 28, (1 << 30) + 1, 2147483647, -2147483647 - 1};
+                                          (1 << 20) + 1, 1 << 28, (1 << 30) + 1, 2147483647, -2147483647 - 1,
+                                          23170, 23171, 32767, 32768};
       return edge[in.ConsumeIntegralInRange<size_t>(0, sizeof edge / sizeof edge[0] - 1)];
     }
     case 2: return in.ConsumeIntegralInRange<std::int32_t>(0, 4096);
