@@ -269,3 +269,25 @@ TEST_CASE("per-sample block table: cu_seqlens of the next stage, each sample as 
   CHECK(build_block_table_per_sample(28, 28, 4, span<const index_t>(cu_bad), span<const index_t>(flat), all) ==
         status::shape_mismatch);
 }
+
+TEST_CASE("tables chain through a Twins-L encoder: patch embedding gives the next stage's tokens, GSA one key per unit") {
+  const index_t grids[4] = {56, 28, 14, 7}, sr[4] = {8, 4, 2, 1};
+  for (std::uint64_t seed : {7u, 8u, 9u}) {
+    mask_config cfg;
+    const auto units = random_mask(cfg, seed);
+    const auto unit_grid = unit_coords(units, 7);  // the visible mask units themselves
+    for (int st = 0; st < 4; ++st) {
+      const auto coords = unit_coords(units, grids[st]);
+      neighbor_table peg;
+      REQUIRE(build_neighbor_table(grids[st], grids[st], 3, span<const index_t>(coords), peg) == status::success);
+      block_table keys;
+      REQUIRE(build_block_table(grids[st], grids[st], sr[st], span<const index_t>(coords), keys) == status::success);
+      CHECK(keys.next_coords == unit_grid);  // GSA keys: one per visible mask unit, in unit row-major order
+      if (st < 3) {
+        block_table embed;
+        REQUIRE(build_block_table(grids[st], grids[st], 2, span<const index_t>(coords), embed) == status::success);
+        CHECK(embed.next_coords == unit_coords(units, grids[st + 1]));  // = the next stage's visible tokens
+      }
+    }
+  }
+}

@@ -108,6 +108,12 @@ TEST_CASE("simulate twins-b: published FLOPs; text output; refusals") {
     CHECK(e.out.empty());
     CHECK(!e.err.empty());
   }
+  // nothing masked: the visible-token model is the all-token model, part by part
+  const auto full = run_twins("simulate --model twins-l --masks 1 --ratio 0 --json");
+  REQUIRE(full.code == 0);
+  const auto jf = testjson::parse(full.out);
+  for (const char* part : {"lsa", "gsa", "mlp", "peg", "embed", "total"})
+    CHECK(near(jf["total"]["visible"][part].num, jf["total"]["all"][part].num, 1e-12));
   // the Swin models are unchanged
   CHECK(run_twins("simulate --model swin-b --masks 2 --json").code == 0);
 }
