@@ -10,6 +10,12 @@
 
 #include <vector>
 
+#if defined(GREENMIM_HAVE_REFERENCE)
+#include <greenmim/reference/conv.hpp>
+
+#include <random>
+#endif
+
 using namespace greenmim;
 
 namespace {
@@ -98,10 +104,6 @@ BENCHMARK(BM_block_table)
 // backward, GSA sub-sampling (block conv sr = 8, 128 -> 128) forward; batch 8, shared mask.
 // FLOP/s counts multiply-adds x 2 over the visible tokens.
 #if defined(GREENMIM_HAVE_REFERENCE)
-#include <greenmim/reference/conv.hpp>
-
-#include <random>
-
 namespace {
 
 struct ref_case {

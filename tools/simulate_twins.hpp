@@ -67,7 +67,11 @@ inline twins_parts twins_stage_parts(const twins_shape& m, int s, double n, doub
 }
 
 inline int simulate_twins(int argc, char** argv, std::ostream& cout, const limits& lim) {
-  args a(argc, argv, {"--model", "--masks", "--seed", "--ratio"}, {"--json"});
+  args a(argc, argv, {"--model", "--masks", "--seed", "--ratio", "--shift", "--curve", "--batch"},
+         {"--json", "--per-sample"});
+  for (const char* swin_only : {"--shift", "--curve", "--batch", "--per-sample"})
+    if (a.has(swin_only))
+      throw usage_error(std::string(swin_only) + " applies to the Swin models only (Twins: --masks, --seed, --ratio, --json)");
   const std::string name = a.get("--model", "twins-l");
   const twins_shape* m = find_twins_model(name.c_str());
   if (!m) throw usage_error("--model: unknown Twins model '" + name + "' (twins-b, twins-l)");

@@ -108,6 +108,7 @@ TEST_CASE("simulate twins-b: published FLOPs; text output; refusals") {
     CHECK(e.out.empty());
     CHECK(!e.err.empty());
   }
+  CHECK(run_twins("simulate --model twins-l --shift 1").err.find("Swin models only") != std::string::npos);
   // nothing masked: the visible-token model is the all-token model, part by part
   const auto full = run_twins("simulate --model twins-l --masks 1 --ratio 0 --json");
   REQUIRE(full.code == 0);
