@@ -3,6 +3,7 @@
 // on stderr and exit code 2 (nothing is printed on stdout before the command has succeeded).
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -73,14 +74,58 @@ inline std::vector<std::int64_t> parse_int_list(const std::string& s, const char
   return out;
 }
 
-//! Flag parser: `--name value` and `--name=value`; boolean flags take no value.
+//! Levenshtein distance between a and b (insertions, deletions, substitutions). O(|a| |b|).
+inline std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+//! The candidate closest to `word` by edit distance when it is close enough to be a typo (at
+//! most 2 edits, and fewer than half of the word's length; no control character); empty
+//! otherwise. The first one wins ties.
+inline std::string closest(const std::string& word, const std::vector<std::string>& candidates) {
+  if (word.size() > 64) return {};  // O(|a| |b|): a long argument is no typo of a flag
+  for (unsigned char c : word)
+    if (c < 0x20 || c == 0x7f) return {};  // nor is one holding a control character
+  std::string best;
+  std::size_t best_d = 3;
+  for (const auto& c : candidates) {
+    const std::size_t d = edit_distance(word, c);
+    if (d < best_d && 2 * d < std::max(word.size(), c.size())) {
+      best_d = d;
+      best = c;
+    }
+  }
+  return best;
+}
+
+//! " (did you mean 'X'?)" for the closest candidate, or "".
+inline std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+  const std::string c = closest(word, candidates);
+  return c.empty() ? std::string() : " (did you mean '" + c + "'?)";
+}
+
+//! Flag parser: `--name value` and `--name=value`; boolean flags take no value. An unknown flag
+//! is refused naming the closest valid one (edit distance), when there is one.
 class args {
  public:
   args(int argc, char** argv, std::vector<std::string> valued, std::vector<std::string> booleans)
       : valued_(std::move(valued)), booleans_(std::move(booleans)) {
     for (int i = 0; i < argc; ++i) {
       std::string a = argv[i];
-      if (a.rfind("--", 0) != 0) throw usage_error("unexpected argument '" + a + "'");
+      if (a.rfind("--", 0) != 0)
+        throw usage_error("unexpected argument '" + a + "'" +
+                          (a.empty() || a[0] == '-' ? did_you_mean(a, flags()) : did_you_mean("--" + a, flags())));
       std::string name = a, value;
       bool has_value = false;
       if (auto eq = a.find('='); eq != std::string::npos) {
@@ -98,7 +143,7 @@ class args {
         }
         set(name, value);
       } else {
-        throw usage_error("unknown flag '" + name + "'");
+        throw usage_error("unknown flag '" + name + "'" + did_you_mean(name, flags()));
       }
     }
   }
@@ -111,6 +156,14 @@ class args {
     for (auto& kv : kv_)
       if (kv.first == n) return kv.second;
     return dflt;
+  }
+
+  //! Every flag this parser accepts, valued then boolean, and --help (answered by cli::run).
+  std::vector<std::string> flags() const {
+    std::vector<std::string> all = valued_;
+    all.insert(all.end(), booleans_.begin(), booleans_.end());
+    all.push_back("--help");
+    return all;
   }
 
  private:

@@ -33,6 +33,8 @@
 #include <vector>
 
 #include "cli_common.hpp"
+#include "cli_main.hpp"
+#include "model_flags.hpp"
 
 namespace greenmim {
 namespace demo {
@@ -43,21 +45,19 @@ struct options {
   index_t batch = 8;
   std::uint64_t seed = 0;
   std::string model = "swin-b";
+  cli::model_choice mc;  //!< the validated model shape (geometry flags applied) and mask ratio
 };
 
-//! Parses the flags after the subcommand. Throws `cli::usage_error` on a bad flag.
-inline options parse(int argc, char** argv) {
-  cli::args a(argc, argv, {"--batch", "--seed", "--model"}, {"--json"});
+//! Parses the flags after the subcommand. Throws `cli::usage_error` on a bad flag or geometry.
+inline options parse(int argc, char** argv, const cli::limits& lim = {}) {
+  cli::args a(argc, argv, cli::with_geometry_flags({"--batch", "--seed", "--model"}), {"--json"});
   options o;
   o.json = a.has("--json");
   if (a.has("--batch")) o.batch = static_cast<index_t>(cli::parse_int(a.get("--batch"), "--batch", 1, 64));
   if (a.has("--seed")) o.seed = cli::parse_seed(a.get("--seed"));
   if (a.has("--model")) o.model = a.get("--model");
-  if (find_model(o.model.c_str()) == nullptr) {
-    std::string names;
-    for (const auto& m : builtin_models) names += std::string(names.empty() ? "" : ", ") + m.name;
-    throw cli::usage_error("--model: unknown model '" + o.model + "' (" + names + ")");
-  }
+  o.mc = cli::parse_model(a, "swin-b", lim);
+  if (o.mc.masking().num_keep() == 0) throw cli::usage_error("--ratio leaves no visible mask unit");
   return o;
 }
 
@@ -74,6 +74,7 @@ struct stage_result {
   double grouped_fwd_ms = 0, grouped_bwd_ms = 0, all_fwd_ms = 0, all_bwd_ms = 0;
   double flops_grouped = 0, flops_all = 0;  // cost model, per batch, both blocks
   double core_grouped = 0, core_all = 0;    // attention core the reference runs: 4*G^2*C per group
+  std::string window_note, path_note, cuda;  // small-stage rule; which attention path can run it
 };
 
 using steady = std::chrono::steady_clock;
@@ -287,6 +288,10 @@ inline stage_result run_stage(const model_shape& m, int s, const std::vector<std
     res.flops_all += static_cast<double>(opt.batch) * pl_all.cost;
     res.core_all += static_cast<double>(opt.batch) * pl_all.num_groups() * 4.0 * pl_all.group_size * pl_all.group_size * res.channels;
   }
+  const index_t max_g = std::max(res.group_size[0], res.group_size[1]);
+  res.window_note = cli::window_note(m, s, true);
+  res.path_note = cli::path_note(m, s, max_g);
+  res.cuda = cuda_attention_refusal(m.geometry(s, false).window, max_g, m.head_dim);
   return res;
 }
 
@@ -295,11 +300,8 @@ constexpr double forward_tolerance = 1e-4;
 constexpr double backward_tolerance = 1e-4;
 
 inline int run(const options& opt) {
-  const model_shape& m = *find_model(opt.model.c_str());
-  mask_config cfg;
-  cfg.image_size = m.image_size;
-  cfg.mask_unit = m.patch_size << 3;  // the encoder's largest stride
-  cfg.ratio = 0.75;
+  const model_shape& m = opt.mc.shape;
+  const mask_config cfg = opt.mc.masking();  // 32 px units (the largest stride) unless --mask-unit
   const std::vector<std::uint8_t> unit_mask = random_mask(cfg, opt.seed);
   rng r(opt.seed, 1);
   std::vector<stage_result> stages;
@@ -311,7 +313,8 @@ inline int run(const options& opt) {
   std::ostringstream os;
   if (opt.json) {
     using cli::num;
-    os << "{\"model\": \"" << m.name << "\", \"batch\": " << opt.batch << ", \"seed\": " << opt.seed
+    os << "{\"model\": \"" << m.name << "\", \"image\": " << m.image_size << ", \"patch\": " << m.patch_size
+       << ", \"mask_unit\": " << m.unit_size() << ", \"batch\": " << opt.batch << ", \"seed\": " << opt.seed
        << ", \"mask_ratio\": " << num(cfg.ratio) << ", \"precision\": \"float\", \"ok\": " << (ok ? "true" : "false")
        << ", \"stages\": [";
     for (size_t i = 0; i < stages.size(); ++i) {
@@ -334,6 +337,7 @@ inline int run(const options& opt) {
          << ", \"flops_grouped\": " << num(st.flops_grouped, 12) << ", \"flops_all_tokens\": " << num(st.flops_all, 12)
          << ", \"flops_saved\": " << num(st.flops_all > 0 ? 1 - st.flops_grouped / st.flops_all : 0, 4)
          << ", \"core_flops_grouped\": " << num(st.core_grouped, 12) << ", \"core_flops_all_tokens\": " << num(st.core_all, 12)
+         << ", \"cuda\": \"" << (st.cuda.empty() ? "accepted" : st.cuda) << "\", \"path\": \"cpu reference\""
          << ", \"ok\": " << (st.err_fwd <= forward_tolerance && st.err_bwd <= backward_tolerance ? "true" : "false")
          << "}";
     }
@@ -346,16 +350,24 @@ inline int run(const options& opt) {
                   m.name, static_cast<int>(opt.batch), static_cast<unsigned long long>(opt.seed), cfg.ratio,
                   static_cast<int>(cfg.num_keep()), static_cast<int>(cfg.num_units()));
     os << line;
+    if (!opt.mc.preset_geometry) {
+      std::snprintf(line, sizeof line, "geometry: image %d, patch %d, window %d, mask unit %d\n",
+                    static_cast<int>(m.image_size), static_cast<int>(m.patch_size), static_cast<int>(m.window),
+                    static_cast<int>(m.unit_size()));
+      os << line;
+    }
     for (const auto& st : stages) {
       const double grouped = st.grouped_fwd_ms + st.grouped_bwd_ms, all = st.all_fwd_ms + st.all_bwd_ms;
       std::snprintf(line, sizeof line, "stage %d: %dx%d tokens, %d visible, C=%d (%d heads x %d), window %d\n",
                     st.stage, st.grid, st.grid, st.visible, st.channels, st.heads, st.head_dim, st.window);
       os << line;
+      if (!st.window_note.empty()) os << "  note: " << st.window_note << "\n";
       for (int b = 0; b < 2; ++b) {
         std::snprintf(line, sizeof line, "  shift %d: %d window(s) -> %d group(s) of G=%d\n",
                       m.geometry(st.stage - 1, b == 1).shift, st.windows[b], st.groups[b], st.group_size[b]);
         os << line;
       }
+      os << "  attention path: " << st.path_note << (st.cuda.empty() ? "; this run: the CPU reference\n" : "\n");
       std::snprintf(line, sizeof line,
                     "  check vs window-by-window oracle: max rel err forward %.2e, backward %.2e  [%s]\n",
                     st.err_fwd, st.err_bwd,
@@ -388,14 +400,15 @@ inline int run(const options& opt) {
 }  // namespace demo
 }  // namespace greenmim
 
-//! `greenmim demo [--json] [--batch N (1..64, default 8)] [--seed S] [--model NAME]`: `argv` holds the arguments
+//! `greenmim demo [--json] [--batch N (1..64, default 8)] [--seed S] [--model NAME] [--image PX] [--patch PX]
+//! [--window P] [--mask-unit PX] [--ratio R]`: `argv` holds the arguments
 //! after the subcommand. Returns 0 when every check passes, 1 when a check fails or an internal
 //! error occurs (one line on stderr), 2 on a bad flag (one line on stderr, nothing on stdout).
 //! Runs in about a second for the defaults (batch 8, Swin-B) on one core.
-inline int greenmim_demo(int argc, char** argv) {
+inline int greenmim_demo(int argc, char** argv, const greenmim::cli::limits& lim = {}) {
   greenmim::demo::options opt;
   try {
-    opt = greenmim::demo::parse(argc, argv);
+    opt = greenmim::demo::parse(argc, argv, lim);
   } catch (const greenmim::cli::usage_error& e) {
     std::fprintf(stderr, "greenmim demo: %s\n", greenmim::cli::one_line(e.what()).c_str());
     return 2;

@@ -1,15 +1,24 @@
 //! \file models.hpp
-//! Built-in model shapes (Swin-B, Swin-L; REFERENCE-NOTES; Twins-B, Twins-L) for simulations and
-//! benchmarks.
+//! Model shapes: built-in Swin presets (Swin-B/L at 224 px, window 7 or 14; SimMIM's 192 px,
+//! window 6; timm's Swin V2 shapes), user-built geometries validated in one place
+//! (`validate_model_shape`, `make_model_shape`), the CUDA kernels' limits as a host-side check
+//! (`cuda_attention_refusal`), and Twins-B/L for the sparse-conv simulations.
 #pragma once
 
 #include <cstring>
+#include <string>
 
 #include "config.hpp"
 #include "geometry.hpp"
+#include "masking.hpp"
+#include "status.hpp"
 
 namespace greenmim {
 
+//! A hierarchical (Swin-style, four stages, 2x2 patch merging between them) encoder's shape and
+//! input geometry. Plain data: copy a preset (`find_model`) and change it, or fill one in, then
+//! `validate_model_shape` it (or use `make_model_shape`). `mask_unit` 0 means the encoder's
+//! largest stride, patch * 8 (32 px at patch 4), as GreenMIM and SimMIM mask.
 struct model_shape {
   const char* name;
   index_t channels[4];
@@ -19,13 +28,21 @@ struct model_shape {
   index_t image_size;
   index_t patch_size;
   index_t window;
+  index_t mask_unit = 0;
 
   //! Token grid side of stage `s` (0-based): image / (patch * 2^s).
   constexpr index_t grid(int s) const { return image_size / (patch_size << s); }
-  //! Window geometry of stage `s`, shifted or not (shift = p/2), with Swin's small-stage rule.
+  //! Mask unit side in pixels (`mask_unit`, or patch * 8 when it is 0).
+  constexpr index_t unit_size() const { return mask_unit > 0 ? mask_unit : patch_size * 8; }
+  //! Window geometry of stage `s`, shifted or not (shift = p/2), with Swin's small-stage rule
+  //! (timm's: a grid no larger than the window is one window of the grid's size, not shifted).
   constexpr window_geometry geometry(int s, bool shifted) const {
     return make_window_geometry(grid(s), grid(s), window, shifted ? window / 2 : 0);
   }
+  //! True when stage `s` runs a smaller window than `window` (its grid is smaller).
+  constexpr bool window_shrunk(int s) const { return grid(s) < window; }
+  //! True when stage `s` is one window, so its "shifted" block is not shifted (grid <= window).
+  constexpr bool shift_dropped(int s) const { return grid(s) <= window; }
 };
 
 inline constexpr model_shape builtin_models[] = {
@@ -33,6 +50,16 @@ inline constexpr model_shape builtin_models[] = {
     {"swin-l", {192, 384, 768, 1536}, {6, 12, 24, 48}, {2, 2, 18, 2}, 32, 224, 4, 7},
     {"swin-b-w14", {128, 256, 512, 1024}, {4, 8, 16, 32}, {2, 2, 18, 2}, 32, 224, 4, 14},
     {"swin-l-w14", {192, 384, 768, 1536}, {6, 12, 24, 48}, {2, 2, 18, 2}, 32, 224, 4, 14},
+    // SimMIM's pre-training recipe (simmim_pretrain__swin_base__img192_window6): 192 px, window 6;
+    // 32 px mask units cover 8 x 8 stage-1 tokens, windows 6 x 6: they do not line up.
+    {"swin-b-192w6", {128, 256, 512, 1024}, {4, 8, 16, 32}, {2, 2, 18, 2}, 32, 192, 4, 6},
+    {"swin-l-192w6", {192, 384, 768, 1536}, {6, 12, 24, 48}, {2, 2, 18, 2}, 32, 192, 4, 6},
+    // Swin V2 (timm's names; SwinV2-H/G were pre-trained with SimMIM). Same shapes and costs as
+    // V1 on the kernels: cosine attention is q and k L2-normalised with the logit scale folded
+    // into q (docs/models.md).
+    {"swinv2_base_window8_256", {128, 256, 512, 1024}, {4, 8, 16, 32}, {2, 2, 18, 2}, 32, 256, 4, 8},
+    {"swinv2_base_window16_256", {128, 256, 512, 1024}, {4, 8, 16, 32}, {2, 2, 18, 2}, 32, 256, 4, 16},
+    {"swinv2_large_window12_192", {192, 384, 768, 1536}, {6, 12, 24, 48}, {2, 2, 18, 2}, 32, 192, 4, 12},
 };
 
 //! Looks a model up by name; null when unknown.
@@ -40,6 +67,114 @@ inline const model_shape* find_model(const char* name) {
   for (const auto& m : builtin_models)
     if (std::strcmp(m.name, name) == 0) return &m;
   return nullptr;
+}
+
+//! Largest window p and group size G the CUDA attention kernels accept: the host-side twins of
+//! GM_MAX_WINDOW and GM_SIMT_MAX_GROUP in kernels/include/greenmim/kernels.h (a test checks they
+//! agree), with the head dimensions they implement.
+constexpr index_t cuda_max_window = 32;
+constexpr index_t cuda_max_group = 1024;
+
+//! Why the CUDA attention (gm_attention_fwd/bwd) would refuse a stage that runs window `window`
+//! (the effective one, after Swin's small-stage rule), groups of `group_size` tokens and heads of
+//! `head_dim`; empty when it accepts them. The CPU reference (reference/attention.hpp) has none
+//! of these limits. O(1).
+inline std::string cuda_attention_refusal(index_t window, index_t group_size, index_t head_dim) {
+  std::string why;
+  auto add = [&why](const std::string& s) { why += (why.empty() ? "" : "; ") + s; };
+  if (window > cuda_max_window)
+    add("window " + std::to_string(window) + " > GM_MAX_WINDOW " + std::to_string(cuda_max_window));
+  if (group_size > cuda_max_group)
+    add("group size " + std::to_string(group_size) + " > GM_SIMT_MAX_GROUP " + std::to_string(cuda_max_group));
+  if (head_dim != 32 && head_dim != 64) add("head_dim " + std::to_string(head_dim) + " is not 32 or 64");
+  return why;
+}
+
+//! Checks that `m` can be planned as it is: positive sides, channels = heads * head_dim; the
+//! image a multiple of patch * 2^3 (three patch mergings); the mask unit a multiple of the
+//! largest patch stride patch * 8 (so a unit covers whole 2 x 2 merging blocks at every stage) and
+//! dividing the image; every stage grid larger than the window a multiple of it (Swin pads such a
+//! grid with tokens greenmim does not plan). A grid no larger than the window is fine: Swin (and
+//! `geometry`) then runs one window of the grid's size, not shifted. Returns `invalid_argument`
+//! (or `overflow` for sides beyond 32767 tokens or 32768 px) and, when `why` is given, one line
+//! saying what is wrong; `success` leaves `why` untouched. O(1).
+inline status validate_model_shape(const model_shape& m, std::string* why = nullptr) {
+  auto fail = [why](status s, const std::string& text) {
+    if (why) *why = text;
+    return s;
+  };
+  const std::string img = std::to_string(m.image_size) + " px";
+  if (m.image_size <= 0) return fail(status::invalid_argument, "image size must be positive");
+  if (m.patch_size <= 0) return fail(status::invalid_argument, "patch size must be positive");
+  if (m.window <= 0) return fail(status::invalid_argument, "window must be positive");
+  if (m.mask_unit < 0) return fail(status::invalid_argument, "mask unit must be positive");
+  if (m.image_size > 32768 || m.patch_size > 4096 || m.mask_unit > 32768)
+    return fail(status::overflow, "image, patch or mask unit above 32768 px");
+  if (m.window > 32767) return fail(status::overflow, "window above 32767 tokens");
+  const index_t stride = m.patch_size * 8, unit = m.unit_size();
+  if (m.image_size % stride != 0)
+    return fail(status::invalid_argument, "image " + img + " is not a multiple of patch x 2^3 = " +
+                                              std::to_string(stride) + " px (patch " + std::to_string(m.patch_size) +
+                                              ", three patch mergings)");
+  if (unit % stride != 0)
+    return fail(status::invalid_argument,
+                "mask unit " + std::to_string(unit) + " px is not a multiple of the largest patch stride, patch x 8 = " +
+                    std::to_string(stride) + " px (patch merging needs whole 2x2 blocks visible or masked)");
+  if (m.image_size % unit != 0)
+    return fail(status::invalid_argument,
+                "image " + img + " is not a multiple of the mask unit " + std::to_string(unit) + " px");
+  for (int s = 0; s < 4; ++s) {
+    if (m.channels[s] <= 0 || m.heads[s] <= 0 || m.depths[s] < 0 || m.head_dim <= 0)
+      return fail(status::invalid_argument, "stage " + std::to_string(s + 1) + ": channels, heads and head_dim must be positive");
+    if (static_cast<std::int64_t>(m.heads[s]) * m.head_dim != m.channels[s])
+      return fail(status::invalid_argument, "stage " + std::to_string(s + 1) + ": channels " +
+                                                std::to_string(m.channels[s]) + " != heads " + std::to_string(m.heads[s]) +
+                                                " x head_dim " + std::to_string(m.head_dim));
+    const index_t g = m.grid(s);
+    if (g > 32767) return fail(status::overflow, "stage grid above 32767 tokens per side");
+    if (g > m.window && g % m.window != 0)
+      return fail(status::invalid_argument,
+                  "stage " + std::to_string(s + 1) + " grid " + std::to_string(g) + " is not a multiple of window " +
+                      std::to_string(m.window) + " (Swin would pad it with tokens that are not planned)");
+  }
+  return status::success;
+}
+
+//! Input geometry asked for on top of a model's architecture; 0 keeps the architecture's value
+//! (mask unit 0: patch * 8).
+struct model_geometry {
+  index_t image_size = 0;
+  index_t patch_size = 0;
+  index_t window = 0;
+  index_t mask_unit = 0;
+};
+
+//! `arch` (channels, heads, depths, head_dim, name) at geometry `g`, validated by
+//! `validate_model_shape`: on success writes `out`; on failure leaves `out` untouched and, when
+//! `why` is given, says why in one line. The name pointer is `arch`'s. O(1).
+inline status make_model_shape(const model_shape& arch, const model_geometry& g, model_shape& out,
+                               std::string* why = nullptr) {
+  model_shape m = arch;
+  if (g.image_size) m.image_size = g.image_size;
+  if (g.patch_size) m.patch_size = g.patch_size;
+  if (g.window) m.window = g.window;
+  if (g.mask_unit) m.mask_unit = g.mask_unit;
+  if (g.image_size < 0 || g.patch_size < 0 || g.window < 0 || g.mask_unit < 0) {
+    if (why) *why = "image, patch, window and mask unit must be positive";
+    return status::invalid_argument;
+  }
+  if (status s = validate_model_shape(m, why); s != status::success) return s;
+  out = m;
+  return status::success;
+}
+
+//! The masking set-up of `m` (a validated shape): its image size and mask unit, ratio `ratio`.
+inline mask_config make_mask_config(const model_shape& m, double ratio = 0.75) {
+  mask_config cfg;
+  cfg.image_size = m.image_size;
+  cfg.mask_unit = m.unit_size();
+  cfg.ratio = ratio;
+  return cfg;
 }
 
 //! Twins-SVT (alt_gvt) shapes: each stage alternates LSA (locally-grouped attention in
