@@ -127,7 +127,7 @@ void fuzz_with(FuzzedDataProvider& in, const Cost& cost) {
   const int budget_kind = in.ConsumeIntegralInRange<int>(0, 3);
   index_t fixed_g = in.ConsumeBool() ? gm_fuzz::size_like(in, 256) : 0;
   const int bad_strategy = in.ConsumeIntegralInRange<int>(0, 15);
-  const bool huge_ok = in.ConsumeIntegralInRange<int>(0, 63) == 0;
+  const bool huge_ok = in.ConsumeIntegralInRange<int>(0, 255) == 0;
 
   std::vector<index_t> sizes;
   const int shape = in.ConsumeIntegralInRange<int>(0, 3);
@@ -136,11 +136,12 @@ void fuzz_with(FuzzedDataProvider& in, const Cost& cost) {
     else if (shape == 1) sizes.push_back(in.ConsumeIntegralInRange<index_t>(0, 300));
     else sizes.push_back(gm_fuzz::size_like(in, 64));
   }
-  // Sizes in (2^16, 2^20] are valid but cost O(max w) per call: about a second each under the
-  // coverage instrumentation. One input in 64 keeps them (and plans them once); the others scale them down.
+  // Sizes in (2^14, 2^20] are valid but cost O(max w) per call: up to seconds each under the
+  // coverage instrumentation. One input in 256 keeps them (and plans them once); the others
+  // scale them down (the unit tests cover huge sizes with work budgets).
   if (!huge_ok)
     for (index_t& w : sizes)
-      if (w > (1 << 16) && w <= max_window_size) w >>= 6;
+      if (w > (1 << 14) && w <= max_window_size) w >>= 7;
   std::int64_t total = 0;
   index_t maxw = 0, nonzero = 0;
   bool negative = false;
@@ -153,7 +154,7 @@ void fuzz_with(FuzzedDataProvider& in, const Cost& cost) {
   switch (budget_kind) {
     case 0: base.work_budget = in.ConsumeIntegralInRange<std::int64_t>(1, 1 << 12); break;
     case 1: base.work_budget = in.ConsumeIntegralInRange<std::int64_t>(1, 1 << 22); break;
-    case 2: base.work_budget = maxw <= 4096 ? planner_options{}.work_budget : (1 << 22); break;
+    case 2: base.work_budget = total <= 20000 ? planner_options{}.work_budget : (1 << 22); break;
     default: base.work_budget = maxw <= 256 && sizes.size() <= 300 ? 0 : (1 << 20); break;
   }
 
@@ -176,7 +177,7 @@ void fuzz_with(FuzzedDataProvider& in, const Cost& cost) {
                                      (base.table_dp ? std::max<double>(fixed_g, 1) : fixed_g / 64.0 + 1) < 3e6;
 
   const size_t fast_sweep = go(strategy::fast, 0);
-  if (maxw > (1 << 16)) return;  // valid and checked above, but about a second per call
+  if (maxw > (1 << 14)) return;  // valid and checked above, but up to seconds per call
   const size_t per_window = go(strategy::per_window, 0);
   const size_t single = go(strategy::single, 0);
   size_t paper_sweep = SIZE_MAX, fast_fixed = SIZE_MAX, paper_fixed = SIZE_MAX;
