@@ -284,7 +284,12 @@ int cmd_simulate(int argc, char** argv, std::ostream& cout, const cli::limits& l
   cli::args a(argc, argv, cli::with_geometry_flags({"--model", "--masks", "--seed", "--shift", "--curve", "--batch"}),
               {"--json", "--per-sample"});
   const std::string model_name = a.get("--model", "swin-b");
-  if (find_twins_model(model_name.c_str())) return cli::simulate_twins(argc, argv, cout, lim);  // simulate_twins.hpp
+  if (find_twins_model(model_name.c_str())) {
+    for (const char* swin_only : {"--image", "--patch", "--window", "--mask-unit"})
+      if (a.has(swin_only))
+        throw usage_error(std::string(swin_only) + " applies to the Swin models only (Twins: --masks, --seed, --ratio, --json)");
+    return cli::simulate_twins(argc, argv, cout, lim);  // simulate_twins.hpp
+  }
   const cli::model_choice mc = cli::parse_model(a, "swin-b", lim, ", twins-b, twins-l");
   const model_shape* m = &mc.shape;
   // the paper's appendix set-up: Swin-B, 224 px, patch 4, window 7, 32 px units

@@ -146,6 +146,7 @@ TEST_CASE("geometries that do not work are refused with one clear line, on every
     check_refused(c + " --model swinv2_base_window8_256 --image 224", "stage 2 grid 28 is not a multiple of window 8");
   }
   check_refused("plan --sizes 3 --model swin-b", "--sizes excludes --model");
+  check_refused("simulate --model twins-l --image 256", "--image applies to the Swin models only");
   check_refused("plan --model swin-b --stage 5", "--stage: 5 is outside [1, 4]");
   check_refused("simulate --model swin-b-192w6 --shift 6 --masks 1", "--shift: 6 is outside [0, 5]");
 }
