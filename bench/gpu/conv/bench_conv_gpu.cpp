@@ -1,0 +1,214 @@
+// greenmim_conv_gpu_bench: times the convolutions on visible tokens (kernels/conv.cu) at Twins-L
+// shapes (224 px, mask ratio 0.75, one shared mask, batch 64 by default): PEG (depthwise 3x3,
+// forward and backward with dweight/dbias) at stages 1-4, GSA sub-sampling (block conv sr 8/4/2,
+// C -> C) at stages 1-3 and patch embedding (block conv s 2, C_i -> C_{i+1}) between stages,
+// forward and backward. Per row: median time (cudaEvent around each launch queued behind a 50 us
+// GPU spin, warm-up first), the bytes each call must move at least (inputs read once, outputs
+// written once) and the bandwidth over them, and multiply-adds x 2 per second.
+//
+// Usage: greenmim_conv_gpu_bench [--batch 64] [--reps 20] [--warmup 3] [--dtype bf16|fp16|fp32]
+//                                [--seed 0]
+// Figures: none measured yet (no device in the session that wrote it); on the CPU emulator it
+// runs at toy sizes as a harness check (ctest conv_gpu_bench_emulated), where timings mean nothing.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <greenmim/kernels.h>
+
+#include <greenmim/masking.hpp>
+#include <greenmim/models.hpp>
+#include <greenmim/sparse_conv.hpp>
+
+extern "C" cudaError_t bench_fill_random(void* p, std::size_t n, int dtype, std::uint64_t seed, float scale,
+                                         cudaStream_t stream);
+extern "C" cudaError_t bench_spin_ns(unsigned long long ns, cudaStream_t stream);
+
+namespace {
+
+using greenmim::index_t;
+
+#define CONV_CHECK(expr)                                                                            \
+  do {                                                                                              \
+    const cudaError_t e_ = (expr);                                                                  \
+    if (e_ != cudaSuccess) {                                                                        \
+      std::fprintf(stderr, "CUDA error at %s:%d: %s -> %s (%s)\n", __FILE__, __LINE__, #expr,       \
+                   cudaGetErrorString(e_), gm_last_refusal());                                      \
+      std::exit(1);                                                                                 \
+    }                                                                                               \
+  } while (0)
+
+struct dmem {
+  void* p = nullptr;
+  explicit dmem(std::size_t n = 0) {
+    if (n) CONV_CHECK(cudaMalloc(&p, n));
+  }
+  dmem(const dmem&) = delete;
+  dmem& operator=(const dmem&) = delete;
+  dmem(dmem&& o) noexcept : p(o.p) { o.p = nullptr; }
+  ~dmem() {
+    if (p) cudaFree(p);
+  }
+};
+
+dmem random_buffer(std::size_t n, gm_dtype dt, std::uint64_t seed) {
+  dmem d(n * gm_dtype_size(dt));
+  if (n) CONV_CHECK(bench_fill_random(d.p, n, static_cast<int>(dt), seed, 1.0f, nullptr));
+  return d;
+}
+
+dmem upload(const std::vector<index_t>& v) {
+  dmem d(v.size() * sizeof(index_t));
+  if (!v.empty()) CONV_CHECK(cudaMemcpy(d.p, v.data(), v.size() * sizeof(index_t), cudaMemcpyHostToDevice));
+  return d;
+}
+
+template <class F>
+double median_ms(F&& f, int warmup, int reps) {
+  for (int i = 0; i < warmup; ++i) f();
+  CONV_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CONV_CHECK(cudaEventCreate(&a));
+  CONV_CHECK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    CONV_CHECK(bench_spin_ns(50000, nullptr));
+    CONV_CHECK(cudaEventRecord(a));
+    f();
+    CONV_CHECK(cudaEventRecord(b));
+    CONV_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CONV_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CONV_CHECK(cudaEventDestroy(a));
+  CONV_CHECK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+gm_tensor tensor3(void* p, std::int64_t b, std::int64_t n, std::int64_t c) {
+  gm_tensor t{};
+  t.data = p;
+  t.rank = 3;
+  t.extent[0] = b; t.extent[1] = n; t.extent[2] = c;
+  t.stride[0] = n * c; t.stride[1] = c; t.stride[2] = 1;
+  return t;
+}
+
+void print_row(const char* op, int stage, std::int64_t B, std::int64_t N, std::int64_t C, std::int64_t Co,
+               double ms, double bytes, double macs) {
+  std::printf("%-16s %5d %6lld %7lld %6lld %6lld %10.4f %10.1f %10.1f\n", op, stage, static_cast<long long>(B),
+              static_cast<long long>(N), static_cast<long long>(C), static_cast<long long>(Co), ms,
+              bytes / (ms * 1e-3) / 1e9, 2 * macs / (ms * 1e-3) / 1e9);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int batch = 64, reps = 20, warmup = 3;
+  std::uint64_t seed = 0;
+  gm_dtype dt = GM_BFLOAT16;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", a.c_str()); std::exit(2); }
+      return argv[++i];
+    };
+    if (a == "--batch") batch = std::atoi(next().c_str());
+    else if (a == "--reps") reps = std::atoi(next().c_str());
+    else if (a == "--warmup") warmup = std::atoi(next().c_str());
+    else if (a == "--seed") seed = std::strtoull(next().c_str(), nullptr, 10);
+    else if (a == "--dtype") {
+      const std::string d = next();
+      dt = d == "fp32" ? GM_FLOAT32 : d == "fp16" ? GM_FLOAT16 : d == "bf16" ? GM_BFLOAT16 : static_cast<gm_dtype>(-1);
+      if (dt != GM_FLOAT32 && dt != GM_FLOAT16 && dt != GM_BFLOAT16) { std::fprintf(stderr, "--dtype: fp32, fp16 or bf16\n"); return 2; }
+    } else { std::fprintf(stderr, "unknown argument '%s'\n", a.c_str()); return 2; }
+  }
+  if (batch < 1 || reps < 1 || warmup < 0) { std::fprintf(stderr, "--batch, --reps >= 1, --warmup >= 0\n"); return 2; }
+  const greenmim::twins_shape& m = *greenmim::find_twins_model("twins-l");
+  greenmim::mask_config cfg;
+  const auto units = greenmim::random_mask(cfg, seed, 0);
+  const double es = static_cast<double>(gm_dtype_size(dt));
+  std::printf("greenmim_conv_gpu_bench: twins-l, %s, batch %d, shared mask (seed %llu), median of %d\n",
+              gm_dtype_name(dt), batch, static_cast<unsigned long long>(seed), reps);
+  std::printf("%-16s %5s %6s %7s %6s %6s %10s %10s %10s\n", "op", "stage", "B", "N", "C", "C_out", "ms", "GB/s",
+              "GFLOP/s");
+  const std::int64_t B = batch;
+  for (int s = 0; s < 4; ++s) {
+    std::vector<index_t> coords;
+    greenmim::check(greenmim::visible_coords(greenmim::span<const std::uint8_t>(units), cfg.grid(), m.grid(s), coords));
+    const std::int64_t N = static_cast<std::int64_t>(coords.size()), C = m.channels[s];
+    // PEG
+    greenmim::neighbor_table nt;
+    greenmim::check(greenmim::build_neighbor_table(m.grid(s), m.grid(s), 3, greenmim::span<const index_t>(coords), nt));
+    dmem nbr = upload(nt.nbr);
+    dmem x = random_buffer(static_cast<std::size_t>(B * N * C), dt, seed + 1), y(static_cast<std::size_t>(B * N * C * es));
+    dmem dy = random_buffer(static_cast<std::size_t>(B * N * C), dt, seed + 2), dx(static_cast<std::size_t>(B * N * C * es));
+    dmem w = random_buffer(static_cast<std::size_t>(C * 9), GM_FLOAT32, seed + 3), bias = random_buffer(static_cast<std::size_t>(C), GM_FLOAT32, seed + 4);
+    dmem dw(static_cast<std::size_t>(C * 9 * 4)), db(static_cast<std::size_t>(C * 4));
+    gm_depthwise_conv_args a{};
+    a.dtype = dt;
+    a.x = tensor3(x.p, B, N, C);
+    a.y = tensor3(y.p, B, N, C);
+    a.dy = tensor3(dy.p, B, N, C);
+    a.dx = tensor3(dx.p, B, N, C);
+    a.nbr = static_cast<const index_t*>(nbr.p);
+    a.kernel = 3;
+    a.weight = static_cast<const float*>(w.p);
+    a.bias = static_cast<const float*>(bias.p);
+    a.dweight = static_cast<float*>(dw.p);
+    a.dbias = static_cast<float*>(db.p);
+    a.residual = 1;
+    std::size_t ws_bytes = 0;
+    CONV_CHECK(gm_depthwise_conv_bwd_workspace_size(&a, &ws_bytes));
+    dmem ws(ws_bytes);
+    const double feat = static_cast<double>(B * N * C) * es;
+    const double ms_f = median_ms([&] { CONV_CHECK(gm_depthwise_conv_fwd(&a, nullptr)); }, warmup, reps);
+    print_row("peg_fwd", s + 1, B, N, C, C, ms_f, 2 * feat, 9.0 * B * N * C);
+    const double ms_b = median_ms([&] { CONV_CHECK(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr)); }, warmup, reps);
+    print_row("peg_bwd", s + 1, B, N, C, C, ms_b, 3 * feat, 18.0 * B * N * C);
+    // block convs: GSA sub-sampling (sr > 1) and the patch embedding into the next stage
+    for (int which = 0; which < 2; ++which) {
+      const index_t k = which == 0 ? m.sr_ratios[s] : 2;
+      if (k <= 1 || (which == 1 && s == 3)) continue;
+      const std::int64_t Co = which == 0 ? C : m.channels[s + 1];
+      greenmim::block_table bt;
+      greenmim::check(greenmim::build_block_table(m.grid(s), m.grid(s), k, greenmim::span<const index_t>(coords), bt));
+      const std::int64_t Nn = bt.num_outputs();
+      dmem gather = upload(bt.gather);
+      dmem by(static_cast<std::size_t>(B * Nn * Co * es));
+      dmem bdy = random_buffer(static_cast<std::size_t>(B * Nn * Co), dt, seed + 5);
+      dmem bw = random_buffer(static_cast<std::size_t>(Co * C * k * k), GM_FLOAT32, seed + 6);
+      dmem bb = random_buffer(static_cast<std::size_t>(Co), GM_FLOAT32, seed + 7);
+      dmem bdw(static_cast<std::size_t>(Co * C * k * k * 4)), bdb(static_cast<std::size_t>(Co * 4));
+      gm_block_conv_args b{};
+      b.dtype = dt;
+      b.x = tensor3(x.p, B, N, C);
+      b.y = tensor3(by.p, B, Nn, Co);
+      b.dy = tensor3(bdy.p, B, Nn, Co);
+      b.dx = tensor3(dx.p, B, N, C);
+      b.gather = static_cast<const index_t*>(gather.p);
+      b.stride = k;
+      b.weight = static_cast<const float*>(bw.p);
+      b.bias = static_cast<const float*>(bb.p);
+      b.dweight = static_cast<float*>(bdw.p);
+      b.dbias = static_cast<float*>(bdb.p);
+      const double macs = static_cast<double>(B) * N * C * Co;  // each input once per output channel
+      const double wbytes = static_cast<double>(Co * C * k * k) * 4;
+      const double ybytes = static_cast<double>(B * Nn * Co) * es;
+      const char* fwd = which == 0 ? "gsa_sr_fwd" : "embed_fwd";
+      const char* bwd = which == 0 ? "gsa_sr_bwd" : "embed_bwd";
+      const double bf = median_ms([&] { CONV_CHECK(gm_block_conv_fwd(&b, nullptr)); }, warmup, reps);
+      print_row(fwd, s + 1, B, N, C, Co, bf, feat + wbytes + ybytes, macs);
+      const double bb_ms = median_ms([&] { CONV_CHECK(gm_block_conv_bwd(&b, nullptr)); }, warmup, reps);
+      print_row(bwd, s + 1, B, N, C, Co, bb_ms, 2 * feat + ybytes + 2 * wbytes, 2 * macs);
+    }
+  }
+  return 0;
+}
