@@ -7,14 +7,17 @@
 //!   1. attention_bwd_dq_simt   delta = rowsum(dO*O) -> workspace, dq, per-CTA d(bias) partials
 //!   2. attention_bwd_dkdv_simt dk, dv (reads delta)
 //!   3. dbias_reduce            d_bias_table += fixed-order sum of the partials (if requested)
-//! tensor-core (fp16/bf16, G <= 64, 16-byte aligned rows; GM_ALGO_AUTO's choice when it applies):
-//!   1. attention_bwd_mma       dq, dk, dv in one pass, per-CTA d(bias) partials (same layout)
-//!   2. dbias_reduce            as above
+//! tensor-core (fp16/bf16, G <= 256, 16-byte aligned rows; GM_ALGO_AUTO's choice when it applies):
+//!   G <= 64:  1. attention_bwd_mma             dq, dk, dv in one pass, per-CTA d(bias) partials (same layout)
+//!   G > 64:   1. attention_bwd_dq_mma_tiled    delta -> workspace, dq, per-CTA d(bias) partials
+//!             2. attention_bwd_dkdv_mma_tiled  dk, dv (reads delta), key tiles of 64
+//!   then dbias_reduce as above
 #include <greenmim/kernels.h>
 
 #include <type_traits>
 
 #include "detail/attention_bwd_mma.cuh"
+#include "detail/attention_bwd_mma_tiled.cuh"
 #include "detail/attention_checks.hpp"
 #include "detail/attention_simt.cuh"
 #include "detail/launch.cuh"
@@ -89,9 +92,11 @@ struct bwd_layout {
   std::size_t total() const { return align_up(delta_bytes) + align_up(partial_bytes); }
 };
 
-//! Dynamic shared memory of the tensor-core backward.
-inline std::size_t mma_bwd_smem(std::int64_t D, int bias_rows, bool want_dbias) {
-  return D == 32 ? mma_bwd_tile<32>::smem(bias_rows, want_dbias) : mma_bwd_tile<64>::smem(bias_rows, want_dbias);
+//! Dynamic shared memory of the tensor-core backward (the larger of its kernels' for G > 64).
+inline std::size_t mma_bwd_smem(std::int64_t D, int G, int bias_rows, bool want_dbias) {
+  if (G <= 64)
+    return D == 32 ? mma_bwd_tile<32>::smem(bias_rows, want_dbias) : mma_bwd_tile<64>::smem(bias_rows, want_dbias);
+  return D == 32 ? mma_bwd_tiled<32>::smem_dq(bias_rows, want_dbias) : mma_bwd_tiled<64>::smem_dq(bias_rows, want_dbias);
 }
 
 //! Checks; on success `d` and `ws` describe the problem and `use_mma` the chosen implementation.
@@ -129,17 +134,17 @@ cudaError_t check_bwd(const gm_attention_bwd_args* a, attn_dims& d, bwd_layout& 
     GM_REFUSE_IF(overlap(a->d_bias_table, 4, a->lse, 4), "d_bias_table overlaps lse");
     GM_REFUSE_IF(overlap(a->d_bias_table, 4, a->bias_table, 4), "d_bias_table overlaps the bias table");
   }
-  // tensor-core path: fp16/bf16, G <= 64, every row of the eight tensors 16-byte aligned, and its
+  // tensor-core path: fp16/bf16, G <= 256 (one pass up to 64, two tiled kernels above), every row of the eight tensors 16-byte aligned, and its
   // shared memory within the limits (the device's own opt-in limit when one can be asked)
   bool vec = true;
   for (const gm_tensor* t : ins) vec = vec && rows_aligned16(*t, es);
   for (const gm_tensor* t : outs) vec = vec && rows_aligned16(*t, es);
-  const std::size_t mma_smem = mma_bwd_smem(d.D, d.bias_rows, want_dbias);
+  const std::size_t mma_smem = mma_bwd_smem(d.D, a->part.group_size, d.bias_rows, want_dbias);
   const std::size_t mma_optin = mma_smem > 48u * 1024u ? device_smem_optin() : 0;
-  const bool mma_ok = a->dtype != GM_FLOAT32 && a->part.group_size <= 64 && vec && mma_smem <= max_smem_bytes &&
+  const bool mma_ok = a->dtype != GM_FLOAT32 && a->part.group_size <= 256 && vec && mma_smem <= max_smem_bytes &&
                       (mma_optin == 0 || mma_smem <= mma_optin);
   if (a->algo == GM_ALGO_MMA)
-    GM_REFUSE_IF(!mma_ok, "GM_ALGO_MMA (backward) needs fp16/bf16, group_size <= 64, 16-byte aligned rows of q, k, "
+    GM_REFUSE_IF(!mma_ok, "GM_ALGO_MMA (backward) needs fp16/bf16, group_size <= 256, 16-byte aligned rows of q, k, "
                           "v, o, d_o, dq, dk, dv, and its shared memory within the device limit");
   use_mma = a->algo == GM_ALGO_MMA || (a->algo == GM_ALGO_AUTO && mma_ok);
   // shared memory of the SIMT dq kernel: one float row of the table per warp when dbias is wanted
@@ -202,7 +207,17 @@ cudaError_t run_bwd(const gm_attention_bwd_args& a, const attn_dims& d, const bw
 
   bool launched = false;
   if constexpr (!std::is_same<T, float>::value) {
-    if (use_mma) {  // one CTA per (group, head, sample); its d(bias) partial has the SIMT layout (q_tiles = 1)
+    if (use_mma && a.part.group_size > 64) {  // two tiled kernels, grid and partials as the SIMT ones
+      const dim3 grid(static_cast<unsigned>(a.part.num_groups * d.q_tiles), static_cast<unsigned>(d.H),
+                      static_cast<unsigned>(d.B));
+      const std::size_t smem_dq = mma_bwd_tiled<D>::smem_dq(d.bias_rows, want_dbias);
+      const std::size_t smem_dkdv = mma_bwd_tiled<D>::smem_dkdv(d.bias_rows);
+      GM_TRY(allow_smem(attention_bwd_dq_mma_tiled<T, D>, smem_dq));
+      GM_TRY(allow_smem(attention_bwd_dkdv_mma_tiled<T, D>, smem_dkdv));
+      GM_TRY(launch(attention_bwd_dq_mma_tiled<T, D>, grid, mma_bwd_tiled<D>::THREADS, smem_dq, stream, p));
+      GM_TRY(launch(attention_bwd_dkdv_mma_tiled<T, D>, grid, mma_bwd_tiled<D>::THREADS, smem_dkdv, stream, p));
+      launched = true;
+    } else if (use_mma) {  // one CTA per (group, head, sample); its d(bias) partial has the SIMT layout (q_tiles = 1)
       p.q_tiles = 1;
       const dim3 grid(static_cast<unsigned>(a.part.num_groups), static_cast<unsigned>(d.H), static_cast<unsigned>(d.B));
       const std::size_t smem = mma_bwd_tile<D>::smem(d.bias_rows, want_dbias);

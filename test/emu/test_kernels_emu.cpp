@@ -156,6 +156,10 @@ TEST_CASE("emulated kernels: bitwise identical under every thread schedule (no r
   // backward on 16-bit data
   configs.push_back({shared_mask_problem(rng, 28, 7, 3, 1), GM_BFLOAT16, 2, 32, GM_ALGO_MMA, true});
   configs.push_back({shared_mask_problem(rng, 28, 7, 3, 1), GM_FLOAT16, 1, 32, GM_ALGO_SIMT});
+  // G > 64: the tiled tensor-core backward (the forward takes SIMT under AUTO), also its exact
+  // fallback
+  configs.push_back({shared_mask_problem(rng, 28, 14, 7, 1, greenmim::strategy::single), GM_BFLOAT16, 1, 64, GM_ALGO_AUTO});
+  configs.push_back({shared_mask_problem(rng, 28, 14, 7, 1, greenmim::strategy::single), GM_FLOAT16, 2, 32, GM_ALGO_AUTO, true});
   for (const config& c : configs) {
     INFO(c.prob.name << " dtype " << gm_dtype_name(c.dt) << " H " << c.H << " D " << c.D << " algo " << static_cast<int>(c.algo));
     const std::uint64_t inputs = rng();

@@ -524,6 +524,13 @@ ref_bwd cpu_backward(const attn_setup& s, const std::vector<double>& o, const st
 }
 #endif
 
+//! The backward's algorithms: the tensor-core one takes fp16/bf16 and G <= 256.
+std::vector<gm_algo> bwd_algos_for(gm_dtype dt, index_t G) {
+  std::vector<gm_algo> a = {GM_ALGO_AUTO, GM_ALGO_SIMT, GM_ALGO_MMA};
+  if (dt == GM_FLOAT32 || G > 256) a.pop_back();
+  return a;
+}
+
 //! Forward on the device (SIMT), then the backward against the reference fed with the SAME o and
 //! lse (so only the backward is measured), dbias accumulated onto random initial values, and
 //! bitwise reproducibility over repeated runs. `nan_in_do` puts a NaN into d_o of one token;
@@ -579,7 +586,7 @@ void check_backward(const problem& prob, gm_dtype dt, std::int64_t H, std::int64
   const ref_bwd want = cpu_backward(s, o_vals, lse_vals, do_vals, dbias0);
   const gm_tensor to = tensor_of(o.p, dt, lo, 4), tl = tensor_of(lse.p, GM_FLOAT32, ll, 3),
                   tdo = tensor_of(d_o.p, dt, lo, 4);
-  for (gm_algo algo : algos_for(dt, prob.part.group_size)) {
+  for (gm_algo algo : bwd_algos_for(dt, prob.part.group_size)) {
     INFO("backward algo " << std::string(algo_name(algo)));
     const bwd_out got = gpu_backward(s, dp, to, tl, tdo, dbias0, true, allow_nan, algo);
     const double tol = tolerance(dt);
@@ -652,20 +659,27 @@ TEST_CASE("gpu attention backward: NaN in q, k, v or d_o stays in its window (te
   std::mt19937_64 rng(seed);
   // groups of 49 slots holding several (shifted) windows, so that isolation inside a group counts
   const problem prob = shared_mask_problem(rng, 28, 7, 3, 2, greenmim::strategy::fast, 49);
-  index_t victim = -1;  // a token whose group holds at least two windows
-  const index_t G = prob.part.group_size;
-  for (index_t g = 0; g < prob.part.num_groups && victim < 0; ++g) {
-    const std::size_t at = static_cast<std::size_t>(g) * G;
-    bool several = false;
-    for (index_t i = 0; i < G; ++i) {
-      const index_t w = prob.part.slot_window[at + i];
-      several = several || (w >= 0 && w != prob.part.slot_window[at]);
+  // and windows of 14 (G > 64: the tiled tensor-core kernels)
+  const problem big = shared_mask_problem(rng, 28, 14, 7, 2, greenmim::strategy::single);
+  auto victim_of = [](const problem& pr) {  // a token whose group holds at least two windows
+    const index_t G = pr.part.group_size;
+    for (index_t g = 0; g < pr.part.num_groups; ++g) {
+      const std::size_t at = static_cast<std::size_t>(g) * G;
+      bool several = false;
+      for (index_t i = 0; i < G; ++i) {
+        const index_t w = pr.part.slot_window[at + i];
+        several = several || (w >= 0 && w != pr.part.slot_window[at]);
+      }
+      if (several) return pr.part.gather[at];
     }
-    if (several) victim = prob.part.gather[at];
-  }
+    return index_t{-1};
+  };
+  const index_t victim = victim_of(prob), big_victim = victim_of(big);
   REQUIRE(victim >= 0);
+  REQUIRE(big_victim >= 0);
   for (gm_dtype dt : {GM_BFLOAT16, GM_FLOAT16})
     for (int which : {0, 1, 2, 3}) check_backward(prob, dt, 2, which % 2 ? 64 : 32, which == 2, rng, false, which, victim);
+  for (int which : {0, 1, 3}) check_backward(big, GM_BFLOAT16, 1, 32, false, rng, false, which, big_victim);
 }
 
 TEST_CASE("gpu attention backward: tensor-core shapes (G not a multiple of 16, 1-3 heads, shifts, packed qkv)") {

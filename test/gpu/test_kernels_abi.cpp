@@ -184,7 +184,7 @@ TEST_CASE("kernels ABI: backward can_implement, workspace size, refusals") {
       {"dk self-overlap", [](gm_attention_bwd_args& x) { x.dk.stride[2] = 0; }},
       {"head_dim 128", [](gm_attention_bwd_args& x) { x.q.extent[3] = 128; }},
       {"dtype", [](gm_attention_bwd_args& x) { x.dtype = static_cast<gm_dtype>(-1); }},
-      {"MMA with G > 64", [](gm_attention_bwd_args& x) { x.algo = GM_ALGO_MMA; x.part.group_size = 65; }},
+      {"MMA with G > 256", [](gm_attention_bwd_args& x) { x.algo = GM_ALGO_MMA; x.part.group_size = 257; }},
       {"MMA with unaligned dq rows", [](gm_attention_bwd_args& x) { x.algo = GM_ALGO_MMA; x.dq.data = static_cast<char*>(x.dq.data) + 2; }},
       {"MMA with float32", [](gm_attention_bwd_args& x) { x.algo = GM_ALGO_MMA; x.dtype = GM_FLOAT32; }},
   };
@@ -211,7 +211,11 @@ TEST_CASE("kernels ABI: backward can_implement, workspace size, refusals") {
   CHECK(refused(gm_attention_bwd_can_implement(&f32)));
   CHECK(std::string(gm_last_refusal()).find("GM_ALGO_MMA") != std::string::npos);
   gm_attention_bwd_args big = good_bwd();
-  big.part.group_size = 65;
+  big.part.group_size = 200;  // the tiled tensor-core kernels
+  big.algo = GM_ALGO_MMA;
+  CHECK(gm_attention_bwd_can_implement(&big) == cudaSuccess);
+  big.part.group_size = 257;
+  big.algo = GM_ALGO_AUTO;
   CHECK(gm_attention_bwd_can_implement(&big) == cudaSuccess);  // AUTO: SIMT
   big.algo = GM_ALGO_SIMT;
   CHECK(gm_attention_bwd_can_implement(&big) == cudaSuccess);
