@@ -13,7 +13,7 @@ namespace greenmim::cli {
 struct limits {
   std::int64_t max_masks = 100000;  //!< simulate --masks upper bound
   std::int64_t max_batch = 4096;    //!< simulate --per-sample --batch upper bound
-  std::int64_t max_total = std::int64_t{1} << 28;  //!< plan: largest sum of sizes (the planner's own limit)
+  std::int64_t max_total = std::int64_t{1} << 28;  //!< plan, simulate: largest sum of sizes (visible tokens of a stage) planned (the planner's own limit)
   std::int64_t max_grid = 2048;     //!< --image/--patch: largest stage-1 grid side in tokens (8192 px at patch 4)
   bool write_files = true;          //!< false: simulate --curve writes to /dev/null instead
   bool run_demo = true;             //!< false: demo parses its flags and stops (exit 0)

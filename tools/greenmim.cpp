@@ -169,8 +169,9 @@ int cmd_plan(int argc, char** argv, std::istream& in, std::ostream& cout, const 
     if (cfg.num_keep() == 0) throw usage_error("--ratio leaves no visible mask unit");
     const window_geometry geo = mc.shape.geometry(stage, a.has("--shifted"));
     shift = geo.shift;
-    if (static_cast<std::int64_t>(mc.shape.grid(stage)) * mc.shape.grid(stage) > lim.max_total)
-      throw usage_error("the stage's grid has more tokens than " + std::to_string(lim.max_total));
+    const std::int64_t per_unit = mc.shape.unit_size() / (mc.shape.patch_size << stage);  // tokens per unit side
+    if (static_cast<std::int64_t>(cfg.num_keep()) * per_unit * per_unit > lim.max_total)
+      throw usage_error("the stage has more visible tokens than " + std::to_string(lim.max_total));
     const auto um = random_mask(cfg, seed, 0);
     std::vector<index_t> coords;
     check(visible_coords(span<const std::uint8_t>(um), cfg.grid(), mc.shape.grid(stage), coords), "visible_coords");
@@ -299,6 +300,11 @@ int cmd_simulate(int argc, char** argv, std::ostream& cout, const cli::limits& l
   const std::uint64_t seed = cli::parse_seed(a.get("--seed", "0"));
   const index_t shift = static_cast<index_t>(cli::parse_int(a.get("--shift", "0"), "--shift", 0, m->window - 1));
   const mask_config cfg = mc.masking();
+  {  // the planner's total: stage 1's visible tokens (the fuzzer lowers the bound)
+    const std::int64_t per_unit = m->unit_size() / m->patch_size;
+    if (static_cast<std::int64_t>(cfg.num_keep()) * per_unit * per_unit > lim.max_total)
+      throw usage_error("stage 1 has more visible tokens than " + std::to_string(lim.max_total));
+  }
   const bool per_sample = a.has("--per-sample");
   const int batch = static_cast<int>(cli::parse_int(a.get("--batch", per_sample ? "256" : "1"), "--batch", 1, lim.max_batch));
   if (a.has("--batch") && !per_sample) throw usage_error("--batch applies to --per-sample only");
