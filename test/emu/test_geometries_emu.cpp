@@ -195,7 +195,7 @@ TEST_CASE("emulated kernels: SimMIM's 192/w6 and Swin V2's 256/w8, 256/w16, 192/
   check_stage(v16, 3, true, GM_FLOAT32, rng);  // grid 8 < 16: an 8 x 8 window
   check_stage(b6, 1, true, GM_FLOAT16, rng);   // G <= 64: the tensor-core path under AUTO
   check_stage(v8, 1, true, GM_BFLOAT16, rng);
-  check_stage(v16, 1, false, GM_FLOAT16, rng);  // G > 64: SIMT
+  check_stage(v16, 1, false, GM_FLOAT16, rng);  // G > 64: SIMT forward, tiled tensor-core backward
 }
 
 TEST_CASE("emulated kernels: a window above GM_MAX_WINDOW is refused with the reason models.hpp gives") {
