@@ -586,9 +586,13 @@ void check_backward(const problem& prob, gm_dtype dt, std::int64_t H, std::int64
   const ref_bwd want = cpu_backward(s, o_vals, lse_vals, do_vals, dbias0);
   const gm_tensor to = tensor_of(o.p, dt, lo, 4), tl = tensor_of(lse.p, GM_FLOAT32, ll, 3),
                   tdo = tensor_of(d_o.p, dt, lo, 4);
+  std::vector<unsigned char> auto_dq;  // AUTO's dq, to check which kernel it picked
   for (gm_algo algo : bwd_algos_for(dt, prob.part.group_size)) {
     INFO("backward algo " << std::string(algo_name(algo)));
     const bwd_out got = gpu_backward(s, dp, to, tl, tdo, dbias0, true, allow_nan, algo);
+    if (algo == GM_ALGO_AUTO) auto_dq = got.raw_dq;
+    if (algo == GM_ALGO_MMA) CHECK(got.raw_dq == auto_dq);  // AUTO runs the tensor-core kernels
+    if (algo == GM_ALGO_SIMT && (dt == GM_FLOAT32 || prob.part.group_size > 256)) CHECK(got.raw_dq == auto_dq);
     const double tol = tolerance(dt);
     compare(got.dq, want.dq, tol, "dq");
     compare(got.dk, want.dk, tol, "dk");
@@ -704,7 +708,8 @@ TEST_CASE("gpu attention backward: tensor-core shapes (G not a multiple of 16, 1
 
 // Small and quick: the subset run under compute-sanitizer (memcheck, racecheck, synccheck,
 // initcheck) by bench/gpu/run.sh. Covers the SIMT and MMA forwards (with the non-finite
-// fallback), the backward with dbias, partition/unpartition is covered by its own small cases.
+// fallback), the SIMT and tensor-core backwards (one pass, and tiled for G > 64) with dbias,
+// partition/unpartition is covered by its own small cases.
 TEST_CASE("gpu attention smoke: small problem, every path") {
   GM_SKIP_WITHOUT_DEVICE();
   GM_SKIP_WITHOUT_REFERENCE();
@@ -718,4 +723,5 @@ TEST_CASE("gpu attention smoke: small problem, every path") {
   check_forward(big, GM_FLOAT32, 1, 32, false, true, rng);
   check_backward(small, GM_BFLOAT16, 1, 64, false, rng);
   check_backward(big, GM_FLOAT32, 1, 32, true, rng);
+  check_backward(big, GM_BFLOAT16, 1, 32, false, rng);
 }
