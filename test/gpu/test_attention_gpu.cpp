@@ -536,13 +536,13 @@ std::vector<gm_algo> bwd_algos_for(gm_dtype dt, index_t G) {
 //! bitwise reproducibility over repeated runs. `nan_in_do` puts a NaN into d_o of one token;
 //! `nan_in` = 0, 1, 2, 3 puts one into q, k, v or d_o of token `nan_token` (sample B-1, head H-1).
 void check_backward(const problem& prob, gm_dtype dt, std::int64_t H, std::int64_t D, bool packed, std::mt19937_64& rng,
-                    bool nan_in_do = false, int nan_in = -1, index_t nan_token = 0) {
+                    bool nan_in_do = false, int nan_in = -1, index_t nan_token = 0, bool with_bias = true) {
 #if GM_HAVE_REFERENCE
   INFO(prob.name << " dtype " << gm_dtype_name(dt) << " H " << H << " D " << D << (packed ? " packed qkv" : "")
                  << (nan_in_do ? " NaN in d_o" : "") << (nan_in >= 0 ? " NaN in " : "")
-                 << (nan_in >= 0 ? std::string(1, "qkvd"[nan_in]) : std::string()));
+                 << (nan_in >= 0 ? std::string(1, "qkvd"[nan_in]) : std::string()) << (with_bias ? "" : " no bias"));
   device_partition dp(prob.part);
-  attn_setup s = make_setup(prob, dt, H, D, packed, true, rng);
+  attn_setup s = make_setup(prob, dt, H, D, packed, with_bias, rng);
   if (nan_in >= 0 && nan_in < 3) {
     // packed: q, k, v share hq's storage (make_setup leaves hk, hv empty)
     htensor& hs = packed || nan_in == 0 ? s.hq : nan_in == 1 ? s.hk : s.hv;
@@ -589,7 +589,7 @@ void check_backward(const problem& prob, gm_dtype dt, std::int64_t H, std::int64
   std::vector<unsigned char> auto_dq;  // AUTO's dq, to check which kernel it picked
   for (gm_algo algo : bwd_algos_for(dt, prob.part.group_size)) {
     INFO("backward algo " << std::string(algo_name(algo)));
-    const bwd_out got = gpu_backward(s, dp, to, tl, tdo, dbias0, true, allow_nan, algo);
+    const bwd_out got = gpu_backward(s, dp, to, tl, tdo, dbias0, with_bias, allow_nan, algo);
     if (algo == GM_ALGO_AUTO) auto_dq = got.raw_dq;
     if (algo == GM_ALGO_MMA) CHECK(got.raw_dq == auto_dq);  // AUTO runs the tensor-core kernels
     if (algo == GM_ALGO_SIMT && (dt == GM_FLOAT32 || prob.part.group_size > 256)) CHECK(got.raw_dq == auto_dq);
@@ -601,7 +601,7 @@ void check_backward(const problem& prob, gm_dtype dt, std::int64_t H, std::int64
     compare(db, want.dbias, tol, "dbias");
     // determinism: bitwise identical over repeated runs (fresh poisoned workspace each time)
     for (int rep = 0; rep < 2; ++rep) {
-      const bwd_out again = gpu_backward(s, dp, to, tl, tdo, dbias0, true, allow_nan, algo);
+      const bwd_out again = gpu_backward(s, dp, to, tl, tdo, dbias0, with_bias, allow_nan, algo);
       CHECK(std::memcmp(again.dbias.data(), got.dbias.data(), got.dbias.size() * sizeof(float)) == 0);
       CHECK(again.raw_dq == got.raw_dq);
       CHECK(again.raw_dk == got.raw_dk);
@@ -616,6 +616,7 @@ void check_backward(const problem& prob, gm_dtype dt, std::int64_t H, std::int64
   }
 #else
   (void)prob; (void)dt; (void)H; (void)D; (void)packed; (void)rng; (void)nan_in_do; (void)nan_in; (void)nan_token;
+  (void)with_bias;
 #endif
 }
 
@@ -701,6 +702,10 @@ TEST_CASE("gpu attention backward: tensor-core shapes (G not a multiple of 16, 1
   const problem big_table = per_sample_problem(rng, 28, 28, 0, 1, 0.04);
   check_backward(stage2_shift, GM_BFLOAT16, 3, 64, true, rng);
   check_backward(big_table, GM_BFLOAT16, 2, 32, false, rng);
+  // no bias table (and so no d(bias)): one pass and tiled
+  const problem big_window = shared_mask_problem(rng, 28, 14, 7, 1, greenmim::strategy::single);
+  check_backward(stage2_shift, GM_FLOAT16, 2, 32, false, rng, false, -1, 0, false);
+  check_backward(big_window, GM_BFLOAT16, 1, 64, true, rng, false, -1, 0, false);
   check_backward(stage3_shift, GM_FLOAT16, 1, 32, false, rng);
   check_backward(per_window, GM_FLOAT16, 2, 64, true, rng);
   check_backward(per_sample, GM_BFLOAT16, 3, 32, false, rng);
