@@ -112,8 +112,8 @@ __device__ __forceinline__ float bwd_dot8(uint4 a, uint4 b, float acc) {
 }
 
 //! Bias of the pair from the staged column: 0 without a table, NaN outside it.
-__device__ __forceinline__ float bwd_staged_bias(const float* bias_s, bool with_bias, index_t cq, index_t ck, int window,
-                                             int rows) {
+__device__ __forceinline__ float bwd_staged_bias(const float* bias_s, bool with_bias, index_t cq, index_t ck,
+                                                 int window, int rows) {
   if (!with_bias) return 0.f;
   const int r = pair_bucket(cq, ck, window, rows);
   return r >= 0 ? bias_s[r] : __int_as_float(0x7fc00000);
@@ -349,11 +349,13 @@ __global__ void __launch_bounds__(mma_bwd_tile<D>::THREADS) attention_bwd_mma(co
           const index_t wc = win[c], cc = crd[c];
           float pa = 0.f, dsa = 0.f, pb = 0.f, dsb = 0.f;
           if (attends(wa, wc)) {
-            pa = softmax_exp<T>(s[nt][e] * p.scale + bwd_staged_bias(bias_s, with_bias, ca, cc, p.window, rows) - la);
+            const float bias = bwd_staged_bias(bias_s, with_bias, ca, cc, p.window, rows);
+            pa = softmax_exp<T>(s[nt][e] * p.scale + bias - la);
             dsa = pa * (ds[nt][e] - da);
           }
           if (attends(wb, wc)) {
-            pb = softmax_exp<T>(s[nt][2 + e] * p.scale + bwd_staged_bias(bias_s, with_bias, cb, cc, p.window, rows) - lb);
+            const float bias = bwd_staged_bias(bias_s, with_bias, cb, cc, p.window, rows);
+            pb = softmax_exp<T>(s[nt][2 + e] * p.scale + bias - lb);
             dsb = pb * (ds[nt][2 + e] - db);
           }
           s[nt][e] = pa;

@@ -86,7 +86,8 @@ __device__ __forceinline__ void bwd_tiled_prologue(const bwd_params<T>& p, std::
     crd[i] = 0;
   }
   if (p.bias.data != nullptr)
-    for (int r = threadIdx.x; r < p.bias.rows; r += blockDim.x) bias_s[r] = __ldg(p.bias.data + r * p.bias.s0 + h * p.bias.s1);
+    for (int r = threadIdx.x; r < p.bias.rows; r += blockDim.x)
+      bias_s[r] = __ldg(p.bias.data + r * p.bias.s0 + h * p.bias.s1);
   if (threadIdx.x == 0) {
     range[0] = INT_MAX;
     range[1] = INT_MIN;
@@ -191,7 +192,9 @@ __global__ void __launch_bounds__(mma_bwd_tiled<D>::THREADS) attention_bwd_dq_mm
       for (int hc = 0; hc < 2; ++hc) {  // keys k0 + [32 hc, 32 hc + 32)
         float s[4][4], ds[4][4];
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = ds[nt][0] = ds[nt][1] = ds[nt][2] = ds[nt][3] = 0.f;
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[nt][e] = ds[nt][e] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < KS; ++kk) {
           unsigned aq[4], ad[4];
@@ -216,11 +219,13 @@ __global__ void __launch_bounds__(mma_bwd_tiled<D>::THREADS) attention_bwd_dq_mm
             const index_t wc = x < khi ? win[x] : pad_index, cc = x < khi ? crd[x] : 0;
             float pa = 0.f, dsa = 0.f, pb = 0.f, dsb = 0.f;
             if (attends(wa, wc)) {
-              pa = softmax_exp<T>(s[nt][e] * p.scale + bwd_staged_bias(bias_s, with_bias, ca, cc, p.window, rows) - la);
+              const float bias = bwd_staged_bias(bias_s, with_bias, ca, cc, p.window, rows);
+              pa = softmax_exp<T>(s[nt][e] * p.scale + bias - la);
               dsa = pa * (ds[nt][e] - da);
             }
             if (attends(wb, wc)) {
-              pb = softmax_exp<T>(s[nt][2 + e] * p.scale + bwd_staged_bias(bias_s, with_bias, cb, cc, p.window, rows) - lb);
+              const float bias = bwd_staged_bias(bias_s, with_bias, cb, cc, p.window, rows);
+              pb = softmax_exp<T>(s[nt][2 + e] * p.scale + bias - lb);
               dsb = pb * (ds[nt][2 + e] - db);
             }
             ds[nt][e] = dsa;
@@ -337,7 +342,9 @@ __global__ void __launch_bounds__(mma_bwd_tiled<D>::THREADS) attention_bwd_dkdv_
   const index_t ca = k0 + ja < G ? crd[k0 + ja] : 0, cb = k0 + jb < G ? crd[k0 + jb] : 0;
   float dk[DT][4], dv[DT][4];
 #pragma unroll
-  for (int dt = 0; dt < DT; ++dt) dk[dt][0] = dk[dt][1] = dk[dt][2] = dk[dt][3] = dv[dt][0] = dv[dt][1] = dv[dt][2] = dv[dt][3] = 0.f;
+  for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
   const int alo = range[0], ahi = range[1];
 
   for (int a0 = alo; a0 < ahi; a0 += ROWS) {
@@ -355,7 +362,9 @@ __global__ void __launch_bounds__(mma_bwd_tiled<D>::THREADS) attention_bwd_dkdv_
       for (int hc = 0; hc < 2; ++hc) {  // queries a0 + [32 hc, 32 hc + 32)
         float pt[4][4], dst[4][4];
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) pt[nt][0] = pt[nt][1] = pt[nt][2] = pt[nt][3] = dst[nt][0] = dst[nt][1] = dst[nt][2] = dst[nt][3] = 0.f;
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) pt[nt][e] = dst[nt][e] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < KS; ++kk) {
           unsigned ak[4], av[4];
@@ -382,11 +391,13 @@ __global__ void __launch_bounds__(mma_bwd_tiled<D>::THREADS) attention_bwd_dkdv_
             const float lc = lse_s[c], dc = delta_s[c];
             float pa = 0.f, dsa = 0.f, pb = 0.f, dsb = 0.f;
             if (attends(wc, wa)) {
-              pa = softmax_exp<T>(pt[nt][e] * p.scale + bwd_staged_bias(bias_s, with_bias, cc, ca, p.window, rows) - lc);
+              const float bias = bwd_staged_bias(bias_s, with_bias, cc, ca, p.window, rows);
+              pa = softmax_exp<T>(pt[nt][e] * p.scale + bias - lc);
               dsa = pa * (dst[nt][e] - dc);
             }
             if (attends(wc, wb)) {
-              pb = softmax_exp<T>(pt[nt][2 + e] * p.scale + bwd_staged_bias(bias_s, with_bias, cc, cb, p.window, rows) - lc);
+              const float bias = bwd_staged_bias(bias_s, with_bias, cc, cb, p.window, rows);
+              pb = softmax_exp<T>(pt[nt][2 + e] * p.scale + bias - lc);
               dsb = pb * (dst[nt][2 + e] - dc);
             }
             pt[nt][e] = pa;
@@ -404,8 +415,9 @@ __global__ void __launch_bounds__(mma_bwd_tiled<D>::THREADS) attention_bwd_dkdv_
 #pragma unroll
             for (int dp = 0; dp < DT / 2; ++dp) {
               unsigned bo[4], bq[4];
-              ldmatrix_x4_trans(bo, dos + (32 * hc + kc * 16 + L::bv_ld_row(lane)) * LDS + dp * 16 + L::bv_ld_col(lane));
-              ldmatrix_x4_trans(bq, qs + (32 * hc + kc * 16 + L::bv_ld_row(lane)) * LDS + dp * 16 + L::bv_ld_col(lane));
+              const int off = (32 * hc + kc * 16 + L::bv_ld_row(lane)) * LDS + dp * 16 + L::bv_ld_col(lane);
+              ldmatrix_x4_trans(bo, dos + off);
+              ldmatrix_x4_trans(bq, qs + off);
               M::run(dv[2 * dp], ap, bo[0], bo[1]);
               M::run(dv[2 * dp + 1], ap, bo[2], bo[3]);
               M::run(dk[2 * dp], as, bq[0], bq[1]);
