@@ -44,9 +44,18 @@ inline std::size_t dtype_bytes(gm_dtype d) {
   return 0;
 }
 
+//! Product of the extents; extents are caller data (any int64), so a product beyond 9e18
+//! saturates to the int64 maximum instead of overflowing (UB; found by test/fuzz/fuzz_abi.cpp).
 inline std::int64_t numel(const gm_tensor& t) {
+  for (int i = 0; i < t.rank && i < 4; ++i)
+    if (t.extent[i] == 0) return 0;
   std::int64_t n = 1;
-  for (int i = 0; i < t.rank && i < 4; ++i) n *= t.extent[i];
+  for (int i = 0; i < t.rank && i < 4; ++i) {
+    if (static_cast<double>(n) * static_cast<double>(t.extent[i]) > 9.0e18 ||
+        static_cast<double>(n) * static_cast<double>(t.extent[i]) < -9.0e18)
+      return std::numeric_limits<std::int64_t>::max();
+    n *= t.extent[i];
+  }
   return n;
 }
 
@@ -62,7 +71,9 @@ inline bool is_injective(const gm_tensor& t) {
   for (int i = 0; i < r; ++i) {
     const int d = order[i];
     if (t.extent[d] == 1) continue;
-    if (t.stride[d] < below) return false;
+    if (t.extent[d] < 0 || t.stride[d] < below) return false;
+    if (static_cast<double>(t.stride[d]) * static_cast<double>(t.extent[d] - 1) + static_cast<double>(below) > 9.0e18)
+      return false;  // offsets beyond int64: refused (check_tensor's span test says the same)
     below = t.stride[d] * (t.extent[d] - 1) + below;
   }
   return true;
