@@ -183,9 +183,13 @@ bool refused_cleanly(cudaError_t e, std::uint64_t blocks_before) {
   return e == cudaErrorInvalidValue && gm_last_refusal()[0] != '\0' && gm_emu::blocks_run() == blocks_before;
 }
 
+// Element sizes are read after the mutations (a mutated dtype changes them); an invalid dtype
+// sizes buffers as 4-byte elements (it is refused anyway).
+inline std::size_t elem_bytes(gm_dtype d) { return d == GM_FLOAT16 || d == GM_BFLOAT16 ? 2 : 4; }
+
 template <class Args, class Place, class Check, class Run>
 void exercise(FuzzedDataProvider& in, const problem& pb, Args base, std::vector<desc*> tensors,
-              std::vector<std::size_t> elem, Place&& finish, Check&& can, Run&& run, const char* what) {
+              Place&& finish, Check&& can, Run&& run, const char* what) {
   (void)base;
   // mutations
   const int n = in.ConsumeIntegralInRange<int>(0, 4);
@@ -195,6 +199,7 @@ void exercise(FuzzedDataProvider& in, const problem& pb, Args base, std::vector<
     else if (target == static_cast<int>(tensors.size())) finish.scalars(in);
     else finish.part_mutation = true;
   }
+  const std::vector<std::size_t> elem = finish.elem_sizes();
   // pass 1: fake pointers, checks only
   {
     device_memory none;
@@ -229,6 +234,17 @@ void exercise(FuzzedDataProvider& in, const problem& pb, Args base, std::vector<
                   gm_last_refusal());
     return;
   }
+  if (std::getenv("GM_FUZZ_VERBOSE")) {  // replaying one input: what is about to run
+    std::fprintf(stderr, "running %s: G %d groups %d tokens %d\n", what, a.part.group_size, a.part.num_groups,
+                 a.part.num_tokens);
+    for (const desc* t : tensors)
+      std::fprintf(stderr, "  buffer %d +%lld rank %d extent %lld %lld %lld %lld stride %lld %lld %lld %lld\n", t->buffer,
+                   static_cast<long long>(t->offset), t->t.rank, static_cast<long long>(t->t.extent[0]),
+                   static_cast<long long>(t->t.extent[1]), static_cast<long long>(t->t.extent[2]),
+                   static_cast<long long>(t->t.extent[3]), static_cast<long long>(t->t.stride[0]),
+                   static_cast<long long>(t->t.stride[1]), static_cast<long long>(t->t.stride[2]),
+                   static_cast<long long>(t->t.stride[3]));
+  }
   gm_emu::clear_fault();
   const cudaError_t e = run(&a, &mem, true);
   GM_FUZZ_CHECK(e == cudaSuccess, "%s: accepted arguments failed to run: %d (%s) %s", what, static_cast<int>(e),
@@ -247,6 +263,7 @@ void fuzz_partition(FuzzedDataProvider& in, const problem& pb) {
     gm_dtype& dt;
     desc &x, &y;
     bool part_mutation = false, run_may_accept = true;  // the entry checks one direction only
+    std::vector<std::size_t> elem_sizes() const { return {elem_bytes(dt), elem_bytes(dt)}; }
     gm_partition part_override{};
     bool have_override = false, part_still_real = true;
     void scalars(FuzzedDataProvider& in) {
@@ -266,8 +283,7 @@ void fuzz_partition(FuzzedDataProvider& in, const problem& pb) {
     }
   } f{pb, dt, x, y};
   const bool un = in.ConsumeBool();
-  auto elem_of = [&] { return static_cast<std::size_t>(dt == GM_FLOAT32 ? 4 : 2); };
-  exercise(in, pb, 0, {&x, &y}, {elem_of(), elem_of()}, f, [](const gm_partition_args* a) { return gm_partition_can_implement(a); },
+  exercise(in, pb, 0, {&x, &y}, f, [](const gm_partition_args* a) { return gm_partition_can_implement(a); },
            [un](const gm_partition_args* a, device_memory*, bool) { return un ? gm_unpartition_tokens(a, nullptr) : gm_partition_tokens(a, nullptr); },
            un ? "unpartition" : "partition");
 }
@@ -281,6 +297,10 @@ struct attn_fin {
   float& scale;
   bool backward;
   bool part_mutation = false, run_may_accept = false;
+  std::vector<std::size_t> elem_sizes() const {  // q k v o d_o lse bias dq dk dv dbias
+    const std::size_t e = elem_bytes(dt);
+    return {e, e, e, e, e, 4, 4, e, e, e, 4};
+  }
   gm_partition part_override{};
   bool have_override = false, part_still_real = true;
   void scalars(FuzzedDataProvider& in) {
@@ -315,6 +335,10 @@ struct attn_fin {
 };
 
 struct fwd_fin : attn_fin {
+  std::vector<std::size_t> elem_sizes() const {  // q k v o lse bias
+    const std::size_t e = elem_bytes(dt);
+    return {e, e, e, e, 4, 4};
+  }
   gm_attention_fwd_args args(device_memory& mem, bool real, FuzzedDataProvider& in) {
     gm_attention_fwd_args a{};
     common(a, mem, real, in);
@@ -336,17 +360,15 @@ void fuzz_attention(FuzzedDataProvider& in, const problem& pb, bool backward) {
   d[11] = desc{bias && in.ConsumeBool() ? 11 : -1, 0, dense({R, H})};  // d_bias_table
   // fwd: q k v o lse bias = 0 1 2 3 5 6; bwd adds d_o 4, dq 7, dk 8, dv 9, dbias 11
   attn_fin f{pb, d, dt, algo, window, scale, backward};
-  const std::size_t es = dt == GM_FLOAT32 ? 4 : 2;
   if (!backward) {
     fwd_fin ff{f};
-    exercise(in, pb, 0, {&d[0], &d[1], &d[2], &d[3], &d[5], &d[6]}, {es, es, es, es, 4, 4}, ff,
+    exercise(in, pb, 0, {&d[0], &d[1], &d[2], &d[3], &d[5], &d[6]}, ff,
              [](const gm_attention_fwd_args* a) { return gm_attention_fwd_can_implement(a); },
              [](const gm_attention_fwd_args* a, device_memory*, bool) { return gm_attention_fwd(a, nullptr); }, "fwd");
     return;
   }
   const int ws_kind = in.ConsumeIntegralInRange<int>(0, 5);
-  exercise(in, pb, 0, {&d[0], &d[1], &d[2], &d[3], &d[4], &d[5], &d[6], &d[7], &d[8], &d[9], &d[11]},
-           {es, es, es, es, es, 4, 4, es, es, es, 4}, f,
+  exercise(in, pb, 0, {&d[0], &d[1], &d[2], &d[3], &d[4], &d[5], &d[6], &d[7], &d[8], &d[9], &d[11]}, f,
            [](const gm_attention_bwd_args* a) {
              std::size_t bytes = 0;
              const cudaError_t c = gm_attention_bwd_can_implement(a);
