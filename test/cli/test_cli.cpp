@@ -10,44 +10,15 @@
 #include <string>
 #include <sys/wait.h>
 
+#include "cli_run.hpp"
 #include "json.hpp"
 
 namespace {
 
-struct result {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-result run(const std::string& args, const std::string& stdin_text = "") {
-  static int counter = 0;
-  const std::string base = "greenmim_cli_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
-  const std::string in = "/tmp/" + base + ".in", out = "/tmp/" + base + ".out", err = "/tmp/" + base + ".err";
-  std::ofstream(in) << stdin_text;
-  const std::string cmd = std::string(GREENMIM_CLI) + " " + args + " <" + in + " >" + out + " 2>" + err;
-  const int st = std::system(cmd.c_str());
-  result r;
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  std::remove(in.c_str());
-  std::remove(out.c_str());
-  std::remove(err.c_str());
-  return r;
-}
-
-int lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
+using clitest::lines;
+using clitest::result;
+using clitest::run;
+using clitest::slurp;
 
 void check_plan_json(const testjson::value& j, const std::vector<int>& sizes) {
   const int G = static_cast<int>(j["group_size"].num);

@@ -14,41 +14,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli_run.hpp"
 #include "json.hpp"
 
 namespace {
 
-struct geo_result {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-geo_result run_cli(const std::string& args) {
-  static int counter = 0;
-  const std::string base = "/tmp/greenmim_cli_geo_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
-  const std::string cmd = std::string(GREENMIM_CLI) + " " + args + " </dev/null >" + base + ".out 2>" + base + ".err";
-  const int st = std::system(cmd.c_str());
-  geo_result r;
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = read_text(base + ".out");
-  r.err = read_text(base + ".err");
-  std::remove((base + ".out").c_str());
-  std::remove((base + ".err").c_str());
-  return r;
-}
-
-int count_lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
+using clitest::lines;
+using clitest::result;
+using clitest::run;
+using clitest::slurp;
 
 //! The repository root, from this file's path (test/cli/...).
 std::string source_root() {
@@ -59,11 +33,11 @@ std::string source_root() {
 
 //! Exit 2, one line on stderr holding `needle`, nothing on stdout.
 void check_refused(const std::string& args, const std::string& needle) {
-  const geo_result r = run_cli(args);
+  const result r = run(args);
   INFO(args << " -> " << r.err);
   CHECK(r.code == 2);
   CHECK(r.out.empty());
-  CHECK(count_lines(r.err) == 1);
+  CHECK(lines(r.err) == 1);
   CHECK(r.err.find(needle) != std::string::npos);
 }
 
@@ -71,16 +45,16 @@ void check_refused(const std::string& args, const std::string& needle) {
 
 TEST_CASE("help: greenmim --help, help CMD and CMD --help print the usage on stdout, exit 0") {
   for (const char* args : {"--help", "-h", "help"}) {
-    const geo_result r = run_cli(args);
+    const result r = run(args);
     CHECK(r.code == 0);
     CHECK(r.err.empty());
     CHECK(r.out.rfind("usage: greenmim <command>", 0) == 0);
   }
   for (const char* cmd : {"plan", "simulate", "demo"}) {
     const std::string head = std::string("usage: greenmim ") + cmd;
-    const geo_result a = run_cli(std::string("help ") + cmd), b = run_cli(std::string(cmd) + " --help"),
-                     c = run_cli(std::string(cmd) + " --json -h");
-    for (const geo_result* r : {&a, &b, &c}) {
+    const result a = run(std::string("help ") + cmd), b = run(std::string(cmd) + " --help"),
+                     c = run(std::string(cmd) + " --json -h");
+    for (const result* r : {&a, &b, &c}) {
       CHECK(r->code == 0);
       CHECK(r->err.empty());
       CHECK(r->out.rfind(head, 0) == 0);
@@ -89,20 +63,20 @@ TEST_CASE("help: greenmim --help, help CMD and CMD --help print the usage on std
     CHECK(a.out.find("--help") != std::string::npos);
   }
   // the issue's report: simulate --help answered "unknown flag '--help'" with exit 2
-  CHECK(run_cli("simulate --model swin-b --help").code == 0);
+  CHECK(run("simulate --model swin-b --help").code == 0);
   check_refused("help frobnicate", "unknown command 'frobnicate'");
   check_refused("help plan simulate", "one command");
-  const geo_result v = run_cli("--version");
+  const result v = run("--version");
   CHECK(v.code == 0);
   CHECK(std::regex_match(v.out, std::regex("greenmim [0-9]+\\.[0-9]+\\.[0-9]+\n")));
 }
 
 TEST_CASE("the README's CLI section lists every flag of every command's usage, with its default") {
-  const std::string readme = read_text(source_root() + "/README.md");
+  const std::string readme = slurp(source_root() + "/README.md");
   REQUIRE(!readme.empty());
   const std::regex flag("--[a-z][a-z-]*");
   for (const char* cmd : {"plan", "simulate", "demo"}) {
-    const std::string usage = run_cli(std::string("help ") + cmd).out;
+    const std::string usage = run(std::string("help ") + cmd).out;
     std::set<std::string> flags;
     for (std::sregex_iterator it(usage.begin(), usage.end(), flag), end; it != end; ++it) flags.insert(it->str());
     CHECK(flags.size() >= 9);
@@ -112,9 +86,9 @@ TEST_CASE("the README's CLI section lists every flag of every command's usage, w
     }
   }
   // the usage texts are in the README verbatim
-  CHECK(readme.find(run_cli("help simulate").out) != std::string::npos);
-  CHECK(readme.find(run_cli("help plan").out) != std::string::npos);
-  CHECK(readme.find(run_cli("help demo").out) != std::string::npos);
+  CHECK(readme.find(run("help simulate").out) != std::string::npos);
+  CHECK(readme.find(run("help plan").out) != std::string::npos);
+  CHECK(readme.find(run("help demo").out) != std::string::npos);
 }
 
 TEST_CASE("an unknown flag exits 2 in one line naming the closest valid flag") {
@@ -127,7 +101,7 @@ TEST_CASE("an unknown flag exits 2 in one line naming the closest valid flag") {
   check_refused("plan sizes 3", "unexpected argument 'sizes' (did you mean '--sizes'?)");
   check_refused("simulat", "unknown command 'simulat' (did you mean 'simulate'?)");
   check_refused("simulate --model swin-b-192", "did you mean 'swin-b-192w6'?");
-  const geo_result far = run_cli("simulate --zzzzzzzz 1");
+  const result far = run("simulate --zzzzzzzz 1");
   CHECK(far.code == 2);
   CHECK(far.err.find("did you mean") == std::string::npos);
 }
@@ -165,9 +139,9 @@ TEST_CASE("simulate: the new presets, their windows, visible tokens and the smal
   };
   for (const want& w : cases) {
     INFO(w.model);
-    const geo_result r = run_cli(std::string("simulate --masks 3 --json --model ") + w.model);
+    const result r = run(std::string("simulate --masks 3 --json --model ") + w.model);
     REQUIRE(r.code == 0);
-    CHECK(count_lines(r.out) == 1);
+    CHECK(lines(r.out) == 1);
     const auto j = testjson::parse(r.out);
     CHECK(j["model"].str == w.model);
     REQUIRE(j["stages"].arr.size() == 3);
@@ -185,32 +159,32 @@ TEST_CASE("simulate: the new presets, their windows, visible tokens and the smal
     }
   }
   // SimMIM's baseline, every token in full windows: Swin-B stage 1 at 224 is 64 windows of 49
-  const auto jb = testjson::parse(run_cli("simulate --masks 1 --json").out);
+  const auto jb = testjson::parse(run("simulate --masks 1 --json").out);
   CHECK(jb["stages"].arr[0]["mflops"]["all_tokens"].num == doctest::Approx(64 * (4.0 * 49 * 128 * 128 + 2.0 * 49 * 49 * 128) / 1e6));
   // 256 / window 16, shifted: stage 3 (grid 16 = window) is one window and not shifted, said so
-  const geo_result v16 = run_cli("simulate --model swinv2_base_window16_256 --masks 2 --shift 8");
+  const result v16 = run("simulate --model swinv2_base_window16_256 --masks 2 --shift 8");
   REQUIRE(v16.code == 0);
   CHECK(v16.out.find("note: stage 3: grid 16 = window 16: one window, no shift (Swin/timm small-stage rule)") !=
         std::string::npos);
   CHECK(v16.out.find("stage 3: grid 16, C 512, 1 windows, 64 visible tokens (window 16, shift 0: small-stage rule)") !=
         std::string::npos);
-  const auto j16 = testjson::parse(run_cli("simulate --model swinv2_base_window16_256 --masks 2 --shift 8 --json").out);
+  const auto j16 = testjson::parse(run("simulate --model swinv2_base_window16_256 --masks 2 --shift 8 --json").out);
   CHECK(j16["stages"].arr[1]["shift"].num == 8);
   CHECK(j16["stages"].arr[2]["shift"].num == 0);
   // a window above the stage grid: window = grid
-  const geo_result big = run_cli("simulate --image 384 --window 48 --masks 1");
+  const result big = run("simulate --image 384 --window 48 --masks 1");
   REQUIRE(big.code == 0);
   CHECK(big.out.find("note: stage 3: grid 24 < window 48: one 24x24 window, no shift") != std::string::npos);
   CHECK(big.out.find("CUDA kernels refuse it (window 48 > GM_MAX_WINDOW 32): the CPU reference runs it") !=
         std::string::npos);
   // stage 4 is simulated when it has more than one window
-  const auto j448 = testjson::parse(run_cli("simulate --image 448 --masks 1 --json").out);
+  const auto j448 = testjson::parse(run("simulate --image 448 --masks 1 --json").out);
   CHECK(j448["stages"].arr.size() == 4);
   CHECK(j448["image"].num == 448);
 }
 
 TEST_CASE("simulate: the old models' output is unchanged (docs/figures/simulate_swin_b.txt)") {
-  const geo_result r = run_cli("simulate --model swin-b --masks 100 --seed 0");
+  const result r = run("simulate --model swin-b --masks 100 --seed 0");
   REQUIRE(r.code == 0);
   auto strip = [](const std::string& s) {  // the timing lines vary
     std::istringstream is(s);
@@ -219,11 +193,11 @@ TEST_CASE("simulate: the old models' output is unchanged (docs/figures/simulate_
       if (line.find("plans in") == std::string::npos) out += line + "\n";
     return out;
   };
-  CHECK(strip(r.out) == strip(read_text(source_root() + "/docs/figures/simulate_swin_b.txt")));
+  CHECK(strip(r.out) == strip(slurp(source_root() + "/docs/figures/simulate_swin_b.txt")));
 }
 
 TEST_CASE("plan --model: one random mask's windows on a stage, the path that can run it") {
-  const geo_result r = run_cli("plan --model swin-b-192w6 --json");
+  const result r = run("plan --model swin-b-192w6 --json");
   REQUIRE(r.code == 0);
   const auto j = testjson::parse(r.out);
   CHECK(j["model"].str == "swin-b-192w6");
@@ -235,25 +209,25 @@ TEST_CASE("plan --model: one random mask's windows on a stage, the path that can
   for (const auto& s : j["sizes"].arr) total += s.num;
   CHECK(total == 576);
   CHECK(j["cuda"].str == "accepted");
-  const geo_result text = run_cli("plan --model swinv2_base_window16_256 --stage 4 --shifted");
+  const result text = run("plan --model swinv2_base_window16_256 --stage 4 --shifted");
   REQUIRE(text.code == 0);
   CHECK(text.out.find("note         stage 4: grid 8 < window 16: one 8x8 window, no shift") != std::string::npos);
   CHECK(text.out.find("attention    CUDA kernels accept it (window 8 <= 32, G 16 <= 1024, head_dim 32)") !=
         std::string::npos);
-  const auto w48 = testjson::parse(run_cli("plan --image 384 --window 48 --json").out);
+  const auto w48 = testjson::parse(run("plan --image 384 --window 48 --json").out);
   CHECK(w48["cuda"].str == "window 48 > GM_MAX_WINDOW 32");
   // a group above GM_SIMT_MAX_GROUP: refused by the kernels, said so
-  const auto g2048 = testjson::parse(run_cli("plan --image 512 --window 32 --ratio 0 --group-size 2048 --json").out);
+  const auto g2048 = testjson::parse(run("plan --image 512 --window 32 --ratio 0 --group-size 2048 --json").out);
   CHECK(g2048["group_size"].num == 2048);
   CHECK(g2048["cuda"].str == "group size 2048 > GM_SIMT_MAX_GROUP 1024");
   // the channels follow the stage
-  CHECK(testjson::parse(run_cli("plan --model swin-l-192w6 --stage 3 --json").out)["cost"].num > 0);
+  CHECK(testjson::parse(run("plan --model swin-l-192w6 --stage 3 --json").out)["cost"].num > 0);
 }
 
 TEST_CASE("demo: SimMIM's 192/w6 and V2's window 16 run and pass their checks; the path is named") {
   for (const char* model : {"swin-b-192w6", "swinv2_base_window16_256"}) {
     INFO(model);
-    const geo_result r = run_cli(std::string("demo --batch 1 --json --model ") + model);
+    const result r = run(std::string("demo --batch 1 --json --model ") + model);
     REQUIRE(r.code == 0);
     const auto j = testjson::parse(r.out);
     CHECK(j["ok"].b);
@@ -262,7 +236,7 @@ TEST_CASE("demo: SimMIM's 192/w6 and V2's window 16 run and pass their checks; t
       CHECK(st["path"].str == "cpu reference");
     }
   }
-  const geo_result t = run_cli("demo --batch 1 --model swinv2_base_window16_256");
+  const result t = run("demo --batch 1 --model swinv2_base_window16_256");
   REQUIRE(t.code == 0);
   CHECK(t.out.find("note: stage 3: grid 16 = window 16: one window, no shift") != std::string::npos);
   CHECK(t.out.find("attention path: CUDA kernels accept it (window 16 <= 32") != std::string::npos);

@@ -11,42 +11,22 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli_run.hpp"
 #include "json.hpp"
 
 namespace {
 
-struct twins_result {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string read_all(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-twins_result run_twins(const std::string& args) {
-  static int counter = 0;
-  const std::string base = "/tmp/greenmim_cli_twins_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
-  const std::string cmd = std::string(GREENMIM_CLI) + " " + args + " </dev/null >" + base + ".out 2>" + base + ".err";
-  const int st = std::system(cmd.c_str());
-  twins_result r;
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = read_all(base + ".out");
-  r.err = read_all(base + ".err");
-  std::remove((base + ".out").c_str());
-  std::remove((base + ".err").c_str());
-  return r;
-}
+using clitest::lines;
+using clitest::result;
+using clitest::run;
+using clitest::slurp;
 
 bool near(double a, double b, double rel = 1e-6) { return std::abs(a - b) <= rel * std::max(1.0, std::abs(b)); }
 
 }  // namespace
 
 TEST_CASE("simulate twins-l: closed forms, parts add up, published FLOPs of the all-token model") {
-  const auto r = run_twins("simulate --model twins-l --masks 20 --seed 3 --json");
+  const auto r = run("simulate --model twins-l --masks 20 --seed 3 --json");
   REQUIRE(r.code == 0);
   CHECK(r.err.empty());
   const auto j = testjson::parse(r.out);
@@ -94,27 +74,27 @@ TEST_CASE("simulate twins-l: closed forms, parts add up, published FLOPs of the 
 }
 
 TEST_CASE("simulate twins-b: published FLOPs; text output; refusals") {
-  const auto r = run_twins("simulate --model twins-b --masks 5 --json");
+  const auto r = run("simulate --model twins-b --masks 5 --json");
   REQUIRE(r.code == 0);
   const auto j = testjson::parse(r.out);
   CHECK(std::abs(j["total"]["all"]["total"].num / 1e3 - 8.6) < 0.05);  // Twins-SVT-B: 8.6 GFLOPs
-  const auto t = run_twins("simulate --model twins-l --masks 2");
+  const auto t = run("simulate --model twins-l --masks 2");
   REQUIRE(t.code == 0);
   CHECK(t.out.find("stage 4: grid 7, C 1024") != std::string::npos);
   CHECK(t.out.find("encoder:") != std::string::npos);
   for (const char* bad : {"--shift 1", "--per-sample", "--curve x.csv", "--ratio 1", "--masks 0"}) {
-    const auto e = run_twins(std::string("simulate --model twins-l ") + bad);
+    const auto e = run(std::string("simulate --model twins-l ") + bad);
     CHECK(e.code == 2);
     CHECK(e.out.empty());
     CHECK(!e.err.empty());
   }
-  CHECK(run_twins("simulate --model twins-l --shift 1").err.find("Swin models only") != std::string::npos);
+  CHECK(run("simulate --model twins-l --shift 1").err.find("Swin models only") != std::string::npos);
   // nothing masked: the visible-token model is the all-token model, part by part
-  const auto full = run_twins("simulate --model twins-l --masks 1 --ratio 0 --json");
+  const auto full = run("simulate --model twins-l --masks 1 --ratio 0 --json");
   REQUIRE(full.code == 0);
   const auto jf = testjson::parse(full.out);
   for (const char* part : {"lsa", "gsa", "mlp", "peg", "embed", "total"})
     CHECK(near(jf["total"]["visible"][part].num, jf["total"]["all"][part].num, 1e-12));
   // the Swin models are unchanged
-  CHECK(run_twins("simulate --model swin-b --masks 2 --json").code == 0);
+  CHECK(run("simulate --model swin-b --masks 2 --json").code == 0);
 }
