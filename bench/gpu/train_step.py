@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.toy:
         args.model = "toy-v2" if MODELS[args.model][3] else "toy"
-        args.batch, args.steps, args.warmup, args.reps, args.device = 2, 2, 1, 2, "cpu"
+        args.batch, args.steps, args.warmup, args.reps, args.device = 2, 1, 1, 1, "cpu"
     rows = [r for r in args.rows.split(",") if r]
     bad = [r for r in rows if r not in ROWS]
     if bad:

@@ -189,7 +189,8 @@ class VisibleSwinTransformer(nn.Module):
         n = len(depths)
         self.num_features = embed_dim * 2 ** (n - 1)
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim, norm_layer)
-        dpr = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        total = sum(depths)  # stochastic depth rising linearly (plain floats: meta-device construction works)
+        dpr = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]
         grid = img_size // patch_size
         layers, in_dim, start = [], embed_dim, 0
         for i in range(n):
