@@ -61,6 +61,11 @@ const char* gmh_last_error(void);
 
 /* ---- Stage partition: mask -> windows -> plan -> partition indices ------------------------- */
 
+/*! Swin's small-stage rule (greenmim::make_window_geometry): the window and shift a grid really
+ *  uses (a grid no larger than the window is one window, no shift) and its window count. */
+int gmh_window_geometry(int32_t height, int32_t width, int32_t window, int32_t shift, int32_t* out_window,
+                        int32_t* out_shift, int32_t* num_windows);
+
 /*! One stage of a hierarchical encoder under a mask. `visible` is [num_masks, height, width]
  *  uint8 (nonzero = visible, row-major). num_masks == 1: one mask shared by the batch, the token
  *  axis is that mask's visible tokens in row-major order. num_masks == B: per-sample masks, the

@@ -117,21 +117,34 @@ partition_view to_partition(const gmh_partition& p) {
   return partition_view{p.gather, p.scatter, p.slot_window, p.slot_coord, p.group_size, p.num_groups, p.num_tokens};
 }
 
+//! An optional view: absent (data null) is fine, present must convert.
+template <class T, int R>
+bool opt_view(const gmh_tensor& t, int rank, tensor_view<T, R>& v, const char* name, std::string& why) {
+  return !t.data || to_view(t, rank, v, name, why);
+}
+
+//! What both directions share after their views: partition, window, scale, the reference's own
+//! checks (can_implement), then the run.
+template <class T, class Args, class Run>
+int run_reference(const gmh_attention_args& a, Args& r, const char* what, Run run) {
+  r.part = to_partition(a.part);
+  r.window = a.window;
+  r.scale = static_cast<T>(a.scale);
+  if (status s = reference::can_implement(r); s != status::success) return fail(what, s);
+  if (status s = run(r); s != status::success) return fail(what, s);
+  return ok();
+}
+
 template <class T>
 int attention_fwd(const gmh_attention_args& a) {
   reference::attention_args<T> r;
   std::string why;
   if (!to_view(a.q, 4, r.q, "q", why) || !to_view(a.k, 4, r.k, "k", why) || !to_view(a.v, 4, r.v, "v", why) ||
-      !to_view(a.o, 4, r.out, "o", why))
+      !to_view(a.o, 4, r.out, "o", why) || !opt_view(a.lse, 3, r.lse, "lse", why) ||
+      !opt_view(a.bias_table, 2, r.bias, "bias_table", why))
     return fail(why);
-  if (a.lse.data && !to_view(a.lse, 3, r.lse, "lse", why)) return fail(why);
-  if (a.bias_table.data && !to_view(a.bias_table, 2, r.bias, "bias_table", why)) return fail(why);
-  r.part = to_partition(a.part);
-  r.window = a.window;
-  r.scale = static_cast<T>(a.scale);
-  if (status s = reference::can_implement(r); s != status::success) return fail("attention forward", s);
-  if (status s = reference::group_attention_forward(r); s != status::success) return fail("attention forward", s);
-  return ok();
+  return run_reference<T>(a, r, "attention forward",
+                          [](const auto& x) { return reference::group_attention_forward(x); });
 }
 
 template <class T>
@@ -141,16 +154,12 @@ int attention_bwd(const gmh_attention_args& a) {
   if (!to_view(a.q, 4, r.q, "q", why) || !to_view(a.k, 4, r.k, "k", why) || !to_view(a.v, 4, r.v, "v", why) ||
       !to_view(a.o, 4, r.o, "o", why) || !to_view(a.d_o, 4, r.dout, "d_o", why) ||
       !to_view(a.lse, 3, r.lse, "lse", why) || !to_view(a.dq, 4, r.dq, "dq", why) ||
-      !to_view(a.dk, 4, r.dk, "dk", why) || !to_view(a.dv, 4, r.dv, "dv", why))
+      !to_view(a.dk, 4, r.dk, "dk", why) || !to_view(a.dv, 4, r.dv, "dv", why) ||
+      !opt_view(a.bias_table, 2, r.bias, "bias_table", why) ||
+      !opt_view(a.d_bias_table, 2, r.dbias, "d_bias_table", why))
     return fail(why);
-  if (a.bias_table.data && !to_view(a.bias_table, 2, r.bias, "bias_table", why)) return fail(why);
-  if (a.d_bias_table.data && !to_view(a.d_bias_table, 2, r.dbias, "d_bias_table", why)) return fail(why);
-  r.part = to_partition(a.part);
-  r.window = a.window;
-  r.scale = static_cast<T>(a.scale);
-  if (status s = reference::can_implement(r); s != status::success) return fail("attention backward", s);
-  if (status s = reference::group_attention_backward(r); s != status::success) return fail("attention backward", s);
-  return ok();
+  return run_reference<T>(a, r, "attention backward",
+                          [](const auto& x) { return reference::group_attention_backward(x); });
 }
 
 }  // namespace
@@ -162,6 +171,19 @@ int32_t gmh_version(void) {
   return GREENMIM_VERSION_MAJOR * 10000 + GREENMIM_VERSION_MINOR * 100 + GREENMIM_VERSION_PATCH;
 }
 const char* gmh_last_error(void) { return g_last_error.c_str(); }
+
+int gmh_window_geometry(int32_t height, int32_t width, int32_t window, int32_t shift, int32_t* out_window,
+                        int32_t* out_shift, int32_t* num_windows) {
+  if (!out_window || !out_shift || !num_windows) return fail("gmh_window_geometry: null argument");
+  const window_geometry g = make_window_geometry(height, width, window, shift);
+  if (!g.valid())
+    return fail("window geometry: grid " + std::to_string(height) + "x" + std::to_string(width) + ", window " +
+                std::to_string(window) + ", shift " + std::to_string(shift) + " is not valid");
+  *out_window = g.window;
+  *out_shift = g.shift;
+  *num_windows = g.num_windows();
+  return ok();
+}
 
 int gmh_stage_build(const gmh_stage_args* a, gmh_stage** out) {
   return guarded([&]() -> int {

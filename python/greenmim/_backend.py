@@ -118,6 +118,20 @@ def _bias_f32(bias: Optional[torch.Tensor], q: torch.Tensor) -> Optional[torch.T
     return bias.detach().to(q.dtype)
 
 
+def _args(struct, q, tensors: dict, gather, scatter, slot_window, slot_coord, group_size: int, window: int,
+          scale: float):
+    """One argument struct for either ABI: the kernels' (dtype code, algo set by the caller) or the
+    host reference's (float32/float64)."""
+    a = struct()
+    a.dtype = _lib.GM_DTYPES[q.dtype] if struct is not _lib.HostAttentionArgs else \
+        (_lib.GMH_FLOAT64 if q.dtype == torch.float64 else _lib.GMH_FLOAT32)
+    for name, t in tensors.items():
+        setattr(a, name, _lib.tensor(t))
+    a.part = _lib.partition(gather, scatter, slot_window, slot_coord, group_size)
+    a.window, a.scale = window, scale
+    return a
+
+
 def attention_fwd(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size: int, window: int,
                   scale: float, algo: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
     B, N, H, D = q.shape
@@ -125,24 +139,16 @@ def attention_fwd(q, k, v, bias, gather, scatter, slot_window, slot_coord, group
     lse = torch.empty((B, N, H), dtype=lse_dtype(q), device=q.device)
     if o.numel() == 0:
         return o, lse
-    b = _bias_f32(bias, q)
+    index = (gather, scatter, slot_window, slot_coord, group_size, window, scale)
     if uses_kernels(q):
         lib = _kernel_lib(q)
-        q, k, v = _rows(q), _rows(k), _rows(v)
-        a = _lib.FwdArgs()
-        a.dtype = _lib.GM_DTYPES[q.dtype]
-        a.q, a.k, a.v, a.o, a.lse = _lib.tensor(q), _lib.tensor(k), _lib.tensor(v), _lib.tensor(o), _lib.tensor(lse)
-        a.bias_table = _lib.tensor(b)
-        a.part = _lib.partition(gather, scatter, slot_window, slot_coord, group_size)
-        a.window, a.scale, a.algo = window, scale, _lib.GM_ALGOS[algo]
+        t = dict(q=_rows(q), k=_rows(k), v=_rows(v), o=o, lse=lse, bias_table=_bias_f32(bias, q))
+        a = _args(_lib.FwdArgs, q, t, *index)
+        a.algo = _lib.GM_ALGOS[algo]
         _lib.kernel_check(lib, lib.gm_attention_fwd(ctypes.byref(a), _stream(q)), "attention forward")
     else:
-        a = _lib.HostAttentionArgs()
-        a.dtype = _lib.GMH_FLOAT64 if q.dtype == torch.float64 else _lib.GMH_FLOAT32
-        a.q, a.k, a.v, a.o, a.lse = _lib.tensor(q), _lib.tensor(k), _lib.tensor(v), _lib.tensor(o), _lib.tensor(lse)
-        a.bias_table = _lib.tensor(b)
-        a.part = _lib.partition(gather, scatter, slot_window, slot_coord, group_size)
-        a.window, a.scale = window, scale
+        t = dict(q=q, k=k, v=v, o=o, lse=lse, bias_table=_bias_f32(bias, q))
+        a = _args(_lib.HostAttentionArgs, q, t, *index)
         _lib.host_check(_lib.host().gmh_attention_fwd(ctypes.byref(a)), "attention forward")
     return o, lse
 
@@ -152,23 +158,21 @@ def attention_bwd(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot
                   algo: str = "auto") -> Optional[torch.Tensor]:
     """Writes dq, dk, dv (tensors of q's shape, any strides with a unit last one) and returns
     d(bias table) (float32 on the kernels, q's dtype on the CPU) or None."""
+    kernels = uses_kernels(q)
     dbias = None
     if bias is not None and need_dbias:
-        dbias = torch.zeros(bias.shape, dtype=torch.float32 if uses_kernels(q) else q.dtype, device=q.device)
+        dbias = torch.zeros(bias.shape, dtype=torch.float32 if kernels else q.dtype, device=q.device)
     if q.numel() == 0:
         return dbias
-    b = _bias_f32(bias, q)
-    d_o = _rows(d_o)
-    if uses_kernels(q):
-        lib = _kernel_lib(q)
+    if kernels:
         q, k, v, o = _rows(q), _rows(k), _rows(v), _rows(o)
-        a = _lib.BwdArgs()
-        a.dtype = _lib.GM_DTYPES[q.dtype]
-        for n, t in (("q", q), ("k", k), ("v", v), ("o", o), ("d_o", d_o), ("lse", lse), ("bias_table", b),
-                     ("dq", dq), ("dk", dk), ("dv", dv), ("d_bias_table", dbias)):
-            setattr(a, n, _lib.tensor(t))
-        a.part = _lib.partition(gather, scatter, slot_window, slot_coord, group_size)
-        a.window, a.scale, a.algo = window, scale, _lib.GM_ALGOS[algo]
+    t = dict(q=q, k=k, v=v, o=o, d_o=_rows(d_o), lse=lse, bias_table=_bias_f32(bias, q), dq=dq, dk=dk, dv=dv,
+             d_bias_table=dbias)
+    index = (gather, scatter, slot_window, slot_coord, group_size, window, scale)
+    if kernels:
+        lib = _kernel_lib(q)
+        a = _args(_lib.BwdArgs, q, t, *index)
+        a.algo = _lib.GM_ALGOS[algo]
         size = ctypes.c_size_t(0)
         _lib.kernel_check(lib, lib.gm_attention_bwd_workspace_size(ctypes.byref(a), ctypes.byref(size)),
                           "attention backward")
@@ -176,13 +180,7 @@ def attention_bwd(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot
         _lib.kernel_check(lib, lib.gm_attention_bwd(ctypes.byref(a), ws_ptr, size.value, _stream(q)),
                           "attention backward")
     else:
-        a = _lib.HostAttentionArgs()
-        a.dtype = _lib.GMH_FLOAT64 if q.dtype == torch.float64 else _lib.GMH_FLOAT32
-        for n, t in (("q", q), ("k", k), ("v", v), ("o", o), ("d_o", d_o), ("lse", lse), ("bias_table", b),
-                     ("dq", dq), ("dk", dk), ("dv", dv), ("d_bias_table", dbias)):
-            setattr(a, n, _lib.tensor(t))
-        a.part = _lib.partition(gather, scatter, slot_window, slot_coord, group_size)
-        a.window, a.scale = window, scale
+        a = _args(_lib.HostAttentionArgs, q, t, *index)
         _lib.host_check(_lib.host().gmh_attention_bwd(ctypes.byref(a)), "attention backward")
     return dbias
 

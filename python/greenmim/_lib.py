@@ -167,6 +167,7 @@ def host() -> ctypes.CDLL:
     lib.gmh_stage_copy.argtypes = [c_void_p] + [c_void_p] * 6
     lib.gmh_stage_free.argtypes = [c_void_p]
     lib.gmh_stage_free.restype = None
+    lib.gmh_window_geometry.argtypes = [c_int32] * 4 + [POINTER(c_int32)] * 3
     lib.gmh_plan_table.argtypes = [c_void_p, c_int32, c_int32, c_int32, c_int32, c_void_p, c_void_p,
                                    POINTER(StageInfo)]
     lib.gmh_merge_indices.argtypes = [c_void_p, c_int32, c_int32, c_int32, c_void_p, c_int64, POINTER(c_int64)]

@@ -58,11 +58,15 @@ class StagePartition:
 class StagePlan:
     """One stage: its token grid, visible tokens, partitions and merge indices."""
     grid: Tuple[int, int]
-    num_tokens: int                      # length of the token axis (per sample when shared)
     partitions: Tuple[StagePartition, StagePartition]  # (plain windows, shifted windows)
     merge: Optional[Tensor]              # [N_next, 4] int64 into this stage's token axis, or None
     cu_seqlens: Optional[Tensor]         # [B+1] int64 (per-sample masks), None when shared
     visible: Tensor = field(repr=False)  # [M, H, W] bool on the host
+
+    @property
+    def num_tokens(self) -> int:
+        """Length of the token axis (per sample with a shared mask)."""
+        return self.partitions[0].num_tokens
 
 
 @dataclass(eq=False)
@@ -74,16 +78,14 @@ class MaskPlan:
     patch_index: Tensor                  # [N_0] int64: flat patch position (b*H*W + h*W + w per-sample)
     stages: List[StagePlan]
 
-    @property
-    def batch_extent(self) -> int:
-        """The B of the token tensors: 1 with per-sample masks (flat axis)."""
-        return 1 if self.per_sample else -1
 
-
-def window_geometry(height: int, width: int, window: int, shift: int) -> Tuple[int, int]:
-    """Swin's small-stage rule (as timm): a grid no larger than the window is one window, no shift."""
-    m = min(height, width)
-    return (m, 0) if m <= window else (window, shift)
+def window_geometry(height: int, width: int, window: int, shift: int) -> Tuple[int, int, int]:
+    """(window, shift, number of windows) a stage really uses: Swin's small-stage rule (as timm:
+    a grid no larger than the window is one window, no shift), from the C++ geometry.hpp."""
+    w, sh, n = ctypes.c_int32(), ctypes.c_int32(), ctypes.c_int32()
+    _lib.host_check(_lib.host().gmh_window_geometry(height, width, window, shift, ctypes.byref(w), ctypes.byref(sh),
+                                                    ctypes.byref(n)), "window geometry")
+    return w.value, sh.value, n.value
 
 
 _cache_lock = threading.Lock()
@@ -158,7 +160,7 @@ def _device_partition(mask: Tensor, window, shift, channels, strategy, group_siz
     lib = _lib.kernels(emulated=mask.device.type != "cuda")
     stream = _backend._stream(mask)
     M, H, W = mask.shape
-    win, sh = window_geometry(H, W, window, shift)
+    win, sh, nw_per = window_geometry(H, W, window, shift)
     cap = M * H * W
     dev = mask.device
     i32 = dict(dtype=torch.int32, device=dev)
@@ -174,8 +176,6 @@ def _device_partition(mask: Tensor, window, shift, channels, strategy, group_siz
     check(lib.gm_select_visible(temp_ptr, ctypes.byref(tmp), mask.data_ptr(), M, H, W, positions.data_ptr(),
                                 count.data_ptr(), stream), "select visible")
     geom = _lib.WindowGeometry(H, W, win, sh)
-    off = (win - sh) % win  # geometry.hpp: windows per side of the non-cyclic shifted partition
-    nw_per = ((H - 1 + off) // win + 1) * ((W - 1 + off) // win + 1)
     coords, token_window = torch.empty(cap, **i32), torch.empty(cap, **i32)
     sizes = torch.empty(M * nw_per, **i32)
     check(lib.gm_token_windows(positions.data_ptr(), count.data_ptr(), cap, M, geom, coords.data_ptr(),
@@ -264,7 +264,7 @@ def plan_masks(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, win
         merge = merge_indices(arg, device) if s + 1 < num_stages else None
         counts = ms.flatten(1).sum(1)
         cu = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(device) if per_sample else None
-        stages.append(StagePlan(grid=(H, W), num_tokens=plain.num_tokens, partitions=(plain, shifted), merge=merge,
+        stages.append(StagePlan(grid=(H, W), partitions=(plain, shifted), merge=merge,
                                 cu_seqlens=cu, visible=ms))
     flat = m0.flatten() if per_sample else m0[0].flatten()
     patch_index = torch.nonzero(flat).flatten().to(device)

@@ -56,16 +56,19 @@ def _attention_bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse:
     return dq, dk, dv, db if db is not None else q.new_empty((0,))
 
 
+def _fake_dbias(bias: Optional[Tensor], like: Tensor, need: bool) -> Tensor:
+    """d(bias) as the backward ops return it: float32 (float64 for float64 CPU inputs), or an
+    empty tensor when not requested."""
+    if bias is None or not need:
+        return like.new_empty((0,))
+    wide = like.device.type == "cpu" and like.dtype == torch.float64
+    return bias.new_empty(bias.shape, dtype=like.dtype if wide else torch.float32)
+
+
 @_attention_bwd.register_fake
 def _(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo,
       need_dbias):
-    grads = [q.new_empty(q.shape) for _ in range(3)]
-    if bias is not None and need_dbias:
-        db = bias.new_empty(bias.shape, dtype=q.dtype if q.device.type == "cpu" and q.dtype == torch.float64
-                            else torch.float32)
-    else:
-        db = q.new_empty((0,))
-    return grads[0], grads[1], grads[2], db
+    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), _fake_dbias(bias, q, need_dbias)
 
 
 def _fwd_setup(ctx, inputs, output):
@@ -119,12 +122,7 @@ def _attention_packed_bwd(d_o: Tensor, qkv: Tensor, o: Tensor, lse: Tensor, bias
 
 @_attention_packed_bwd.register_fake
 def _(d_o, qkv, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo, need_dbias):
-    if bias is not None and need_dbias:
-        db = bias.new_empty(bias.shape, dtype=qkv.dtype if qkv.device.type == "cpu" and qkv.dtype == torch.float64
-                            else torch.float32)
-    else:
-        db = qkv.new_empty((0,))
-    return qkv.new_empty(qkv.shape), db
+    return qkv.new_empty(qkv.shape), _fake_dbias(bias, qkv, need_dbias)
 
 
 def _split_packed(qkv: Tensor) -> Tuple[Tensor, Tensor, Tensor]:

@@ -195,7 +195,7 @@ class VisibleSwinTransformer(nn.Module):
         layers, in_dim, start = [], embed_dim, 0
         for i in range(n):
             out_dim = embed_dim * 2 ** i
-            win, _ = window_geometry(grid >> i, grid >> i, window_size, 0)  # timm's small-stage window
+            win = window_geometry(grid >> i, grid >> i, window_size, 0)[0]  # timm's small-stage window
             extra = block_kw_per_stage[i] if block_kw_per_stage else {}
             layers.append(SwinTransformerStage(in_dim, out_dim, depths[i], i > 0, num_heads[i], win, mlp_ratio,
                                                qkv_bias, proj_drop_rate, dpr[start:start + depths[i]], norm_layer,
