@@ -37,82 +37,17 @@
 #include <greenmim/partition.hpp>
 #include <greenmim/planner.hpp>
 
+#include "bench_util.hpp"
 #include "../../kernels/detail/fwd_tuning.hpp"  // heads per CTA of the tensor-core forward (A/B row)
 
 #ifdef GM_BENCH_HAVE_CUBLAS
 #include <cublas_v2.h>
 #endif
 
-extern "C" cudaError_t bench_fill_random(void* p, std::size_t n, int dtype, std::uint64_t seed, float scale,
-                                         cudaStream_t stream);
-extern "C" cudaError_t bench_spin_ns(unsigned long long ns, cudaStream_t stream);
-
 namespace {
 
 using greenmim::index_t;
-
-#define BENCH_CHECK(expr)                                                                          \
-  do {                                                                                             \
-    const cudaError_t e_ = (expr);                                                                 \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "CUDA error at %s:%d: %s -> %s (%s)\n", __FILE__, __LINE__, #expr,      \
-                   cudaGetErrorString(e_), gm_last_refusal());                                     \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
-
-struct dmem {
-  void* p = nullptr;
-  std::size_t bytes = 0;
-  explicit dmem(std::size_t n = 0) : bytes(n) {
-    if (n) BENCH_CHECK(cudaMalloc(&p, n));
-  }
-  dmem(const dmem&) = delete;
-  dmem& operator=(const dmem&) = delete;
-  dmem(dmem&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
-  ~dmem() {
-    if (p) cudaFree(p);
-  }
-  template <class T>
-  T* as() const { return static_cast<T*>(p); }
-};
-
-template <class T>
-dmem upload(const std::vector<T>& v) {
-  dmem d(v.size() * sizeof(T));
-  if (!v.empty()) BENCH_CHECK(cudaMemcpy(d.p, v.data(), d.bytes, cudaMemcpyHostToDevice));
-  return d;
-}
-
-//! Median milliseconds of f(rep) over `reps` launches after `warmup`, one event pair per launch.
-//! Each timed launch is queued behind a 50 us spin of one GPU thread (no memory traffic, caches
-//! left as they are), so the GPU is busy while the host records the start event and launches:
-//! the host's launch latency is not timed, as in a training step whose host runs ahead of the
-//! GPU. (Timed from an idle GPU it was: the H100 run of f7bb4ac measured copy_rows at 23.9 us here
-//! and 16.4 us under ncu, the MMA forward at 86.2 us and 79.6 us.)
-template <class F>
-double median_ms(F&& f, int warmup, int reps) {
-  for (int i = 0; i < warmup; ++i) f(i);
-  BENCH_CHECK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  BENCH_CHECK(cudaEventCreate(&a));
-  BENCH_CHECK(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    BENCH_CHECK(bench_spin_ns(50000, nullptr));  // busy GPU while the host enqueues the timed launch
-    BENCH_CHECK(cudaEventRecord(a));
-    f(warmup + i);
-    BENCH_CHECK(cudaEventRecord(b));
-    BENCH_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    BENCH_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  BENCH_CHECK(cudaEventDestroy(a));
-  BENCH_CHECK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using namespace gm_bench;
 
 struct options {
   int batch = 128, reps = 30, warmup = 5;

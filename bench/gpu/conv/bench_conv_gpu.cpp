@@ -25,71 +25,17 @@
 #include <greenmim/models.hpp>
 #include <greenmim/sparse_conv.hpp>
 
-extern "C" cudaError_t bench_fill_random(void* p, std::size_t n, int dtype, std::uint64_t seed, float scale,
-                                         cudaStream_t stream);
-extern "C" cudaError_t bench_spin_ns(unsigned long long ns, cudaStream_t stream);
+#include "../bench_util.hpp"
 
 namespace {
 
 using greenmim::index_t;
-
-#define CONV_CHECK(expr)                                                                            \
-  do {                                                                                              \
-    const cudaError_t e_ = (expr);                                                                  \
-    if (e_ != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "CUDA error at %s:%d: %s -> %s (%s)\n", __FILE__, __LINE__, #expr,       \
-                   cudaGetErrorString(e_), gm_last_refusal());                                      \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
-  } while (0)
-
-struct dmem {
-  void* p = nullptr;
-  explicit dmem(std::size_t n = 0) {
-    if (n) CONV_CHECK(cudaMalloc(&p, n));
-  }
-  dmem(const dmem&) = delete;
-  dmem& operator=(const dmem&) = delete;
-  dmem(dmem&& o) noexcept : p(o.p) { o.p = nullptr; }
-  ~dmem() {
-    if (p) cudaFree(p);
-  }
-};
+using namespace gm_bench;
 
 dmem random_buffer(std::size_t n, gm_dtype dt, std::uint64_t seed) {
   dmem d(n * gm_dtype_size(dt));
-  if (n) CONV_CHECK(bench_fill_random(d.p, n, static_cast<int>(dt), seed, 1.0f, nullptr));
+  if (n) BENCH_CHECK(bench_fill_random(d.p, n, static_cast<int>(dt), seed, 1.0f, nullptr));
   return d;
-}
-
-dmem upload(const std::vector<index_t>& v) {
-  dmem d(v.size() * sizeof(index_t));
-  if (!v.empty()) CONV_CHECK(cudaMemcpy(d.p, v.data(), v.size() * sizeof(index_t), cudaMemcpyHostToDevice));
-  return d;
-}
-
-template <class F>
-double median_ms(F&& f, int warmup, int reps) {
-  for (int i = 0; i < warmup; ++i) f();
-  CONV_CHECK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CONV_CHECK(cudaEventCreate(&a));
-  CONV_CHECK(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    CONV_CHECK(bench_spin_ns(50000, nullptr));
-    CONV_CHECK(cudaEventRecord(a));
-    f();
-    CONV_CHECK(cudaEventRecord(b));
-    CONV_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CONV_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  CONV_CHECK(cudaEventDestroy(a));
-  CONV_CHECK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 gm_tensor tensor3(void* p, std::int64_t b, std::int64_t n, std::int64_t c) {
@@ -166,12 +112,12 @@ int main(int argc, char** argv) {
     a.dbias = static_cast<float*>(db.p);
     a.residual = 1;
     std::size_t ws_bytes = 0;
-    CONV_CHECK(gm_depthwise_conv_bwd_workspace_size(&a, &ws_bytes));
+    BENCH_CHECK(gm_depthwise_conv_bwd_workspace_size(&a, &ws_bytes));
     dmem ws(ws_bytes);
     const double feat = static_cast<double>(B * N * C) * es;
-    const double ms_f = median_ms([&] { CONV_CHECK(gm_depthwise_conv_fwd(&a, nullptr)); }, warmup, reps);
+    const double ms_f = median_ms([&](int) { BENCH_CHECK(gm_depthwise_conv_fwd(&a, nullptr)); }, warmup, reps);
     print_row("peg_fwd", s + 1, B, N, C, C, ms_f, 2 * feat, 9.0 * B * N * C);
-    const double ms_b = median_ms([&] { CONV_CHECK(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr)); }, warmup, reps);
+    const double ms_b = median_ms([&](int) { BENCH_CHECK(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr)); }, warmup, reps);
     print_row("peg_bwd", s + 1, B, N, C, C, ms_b, 3 * feat, 18.0 * B * N * C);
     // block convs: GSA sub-sampling (sr > 1) and the patch embedding into the next stage
     for (int which = 0; which < 2; ++which) {
@@ -204,9 +150,9 @@ int main(int argc, char** argv) {
       const double ybytes = static_cast<double>(B * Nn * Co) * es;
       const char* fwd = which == 0 ? "gsa_sr_fwd" : "embed_fwd";
       const char* bwd = which == 0 ? "gsa_sr_bwd" : "embed_bwd";
-      const double bf = median_ms([&] { CONV_CHECK(gm_block_conv_fwd(&b, nullptr)); }, warmup, reps);
+      const double bf = median_ms([&](int) { BENCH_CHECK(gm_block_conv_fwd(&b, nullptr)); }, warmup, reps);
       print_row(fwd, s + 1, B, N, C, Co, bf, feat + wbytes + ybytes, macs);
-      const double bb_ms = median_ms([&] { CONV_CHECK(gm_block_conv_bwd(&b, nullptr)); }, warmup, reps);
+      const double bb_ms = median_ms([&](int) { BENCH_CHECK(gm_block_conv_bwd(&b, nullptr)); }, warmup, reps);
       print_row(bwd, s + 1, B, N, C, Co, bb_ms, 2 * feat + ybytes + 2 * wbytes, 2 * macs);
     }
   }
