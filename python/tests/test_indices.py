@@ -112,3 +112,12 @@ def test_random_masks():
     m = greenmim.random_masks(8, generator=g)
     assert m.shape == (8, 7, 7) and torch.all(m.view(8, -1).sum(1) == 12)
     assert greenmim.random_masks().sum() == 12
+
+
+def test_window_geometry_small_stage_rule_and_refusal():
+    assert greenmim.window_geometry(56, 56, 7, 3) == (7, 3, 81)     # shifted: 9 x 9 windows
+    assert greenmim.window_geometry(56, 56, 7, 0) == (7, 0, 64)
+    assert greenmim.window_geometry(7, 7, 7, 3) == (7, 0, 1)         # grid <= window: one, no shift
+    assert greenmim.window_geometry(6, 6, 12, 6) == (6, 0, 1)
+    with pytest.raises(GreenmimError, match="window geometry"):
+        greenmim.window_geometry(0, 5, 7, 0)
