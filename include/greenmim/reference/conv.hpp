@@ -84,6 +84,33 @@ void gather_rows(const mat<T>& x, span<const index_t> table, std::int64_t row, s
   }
 }
 
+
+//! The argument checks the two GEMM-style backward ops share, in their order: valid views,
+//! weight `[C_out, C_in, k, k]`, dy `[B, dy_tokens, C_out]` (dy_tokens < 0: any), dx shaped like
+//! x, dweight (if wanted) shaped like weight and disjoint from x, dy and dx, dbias of C_out.
+template <class T>
+status check_gemm_backward(const tensor_view<const T, 3>& x, const tensor_view<const T, 4>& weight,
+                           const tensor_view<const T, 3>& dy, const tensor_view<T, 3>& dx,
+                           const tensor_view<T, 4>& dweight, span<T> dbias, std::int64_t k,
+                           std::int64_t dy_tokens) {
+  const std::int64_t B = x.extent[0], Ci = x.extent[2], Co = weight.extent[0];
+  if (!valid_view(x) || !valid_view(dy) || !valid_view(dx) || !valid_view(weight)) return status::invalid_argument;
+  if (weight.extent[1] != Ci || weight.extent[2] != k || weight.extent[3] != k) return status::shape_mismatch;
+  if (dy.extent[0] != B || (dy_tokens >= 0 && dy.extent[1] != dy_tokens) || dy.extent[2] != Co)
+    return status::shape_mismatch;
+  for (int i = 0; i < 3; ++i)
+    if (dx.extent[i] != x.extent[i]) return status::shape_mismatch;
+  if (dweight.data != nullptr) {
+    for (int i = 0; i < 4; ++i)
+      if (dweight.extent[i] != weight.extent[i]) return status::shape_mismatch;
+    if (!valid_view(dweight)) return status::invalid_argument;
+    if (detail::overlaps(x, dweight) || detail::overlaps(dy, dweight) || detail::overlaps(dx, dweight))
+      return status::invalid_argument;
+  }
+  if (!dbias.empty() && dbias.size() != Co) return status::shape_mismatch;
+  return status::success;
+}
+
 }  // namespace conv_detail
 
 // ---- depthwise submanifold conv (PEG) ----------------------------------------------------------
@@ -233,22 +260,10 @@ status submanifold_conv_backward(span<const index_t> nbr, index_t kernel,
   if (kernel <= 0 || kernel % 2 == 0) return status::invalid_argument;
   const std::int64_t B = x.extent[0], N = x.extent[1], Ci = x.extent[2], Co = weight.extent[0];
   const std::int64_t K = kernel * kernel;
-  if (!conv_detail::valid_view(x) || !conv_detail::valid_view(dy) || !conv_detail::valid_view(dx) ||
-      !conv_detail::valid_view(weight))
-    return status::invalid_argument;
-  if (weight.extent[1] != Ci || weight.extent[2] != kernel || weight.extent[3] != kernel) return status::shape_mismatch;
-  if (dy.extent[0] != B || dy.extent[1] != N || dy.extent[2] != Co) return status::shape_mismatch;
-  for (int i = 0; i < 3; ++i)
-    if (dx.extent[i] != x.extent[i]) return status::shape_mismatch;
+  if (status s = conv_detail::check_gemm_backward<T>(x, weight, dy, dx, dweight, dbias, kernel, N);
+      s != status::success)
+    return s;
   const bool want_dw = dweight.data != nullptr;
-  if (want_dw) {
-    for (int i = 0; i < 4; ++i)
-      if (dweight.extent[i] != weight.extent[i]) return status::shape_mismatch;
-    if (!conv_detail::valid_view(dweight)) return status::invalid_argument;
-    if (detail::overlaps(x, dweight) || detail::overlaps(dy, dweight) || detail::overlaps(dx, dweight))
-      return status::invalid_argument;
-  }
-  if (!dbias.empty() && dbias.size() != Co) return status::shape_mismatch;
   if (status s = conv_detail::check_table(nbr, K, N, N); s != status::success) return s;
   if (detail::overlaps(x, dx) || detail::overlaps(dy, dx) || detail::overlaps(weight, dx))
     return status::invalid_argument;
@@ -339,22 +354,10 @@ status block_conv_backward(span<const index_t> gather, index_t stride, tensor_vi
   if (stride <= 0) return status::invalid_argument;
   const std::int64_t B = x.extent[0], N = x.extent[1], Ci = x.extent[2], Co = weight.extent[0];
   const std::int64_t P = static_cast<std::int64_t>(stride) * stride, Nn = dy.extent[1];
-  if (!conv_detail::valid_view(x) || !conv_detail::valid_view(dy) || !conv_detail::valid_view(dx) ||
-      !conv_detail::valid_view(weight))
-    return status::invalid_argument;
-  if (weight.extent[1] != Ci || weight.extent[2] != stride || weight.extent[3] != stride) return status::shape_mismatch;
-  if (dy.extent[0] != B || dy.extent[2] != Co) return status::shape_mismatch;
-  for (int i = 0; i < 3; ++i)
-    if (dx.extent[i] != x.extent[i]) return status::shape_mismatch;
+  if (status s = conv_detail::check_gemm_backward<T>(x, weight, dy, dx, dweight, dbias, stride, -1);
+      s != status::success)
+    return s;
   const bool want_dw = dweight.data != nullptr;
-  if (want_dw) {
-    for (int i = 0; i < 4; ++i)
-      if (dweight.extent[i] != weight.extent[i]) return status::shape_mismatch;
-    if (!conv_detail::valid_view(dweight)) return status::invalid_argument;
-    if (detail::overlaps(x, dweight) || detail::overlaps(dy, dweight) || detail::overlaps(dx, dweight))
-      return status::invalid_argument;
-  }
-  if (!dbias.empty() && dbias.size() != Co) return status::shape_mismatch;
   if (status s = conv_detail::check_table(gather, P, Nn, N); s != status::success) return s;
   std::vector<char> seen(static_cast<size_t>(N), 0);
   for (std::int64_t i = 0; i < gather.size(); ++i) {
