@@ -158,3 +158,16 @@ def test_simmim_192_window6_geometry():
         qkv = mod.qkv(xin).view(B, N, 3, mod.num_heads, mod.head_dim)
         o = oracle_attention(*qkv.unbind(2), mod.relative_position_bias_table, part, part.window)
         torch.testing.assert_close(out, mod.proj(o.reshape(B, N, C)), rtol=1e-10, atol=1e-10)
+
+
+def test_forward_head_per_sample_equals_shared_per_image():
+    ours = greenmim.VisibleSwinTransformer(**TINY, num_classes=5).double().eval()
+    vis = greenmim.random_masks(3)
+    x = torch.randn(3, 3, 224, 224, dtype=torch.float64)
+    with torch.no_grad():
+        plan = ours.plan(vis)
+        packed = ours.forward_head(ours(x, plan), plan)
+        alone = torch.cat([ours.forward_head(ours(x[b:b + 1], p), p) for b in range(3)
+                           for p in [ours.plan(vis[b])]])
+    assert packed.shape == (3, 5)
+    torch.testing.assert_close(packed, alone, rtol=1e-10, atol=1e-10)
