@@ -234,8 +234,21 @@ struct problem {
 
 //! Shared mask (the paper): a random 7x7 unit mask with `keep` visible units (released rule:
 //! int(49 * (1 - 0.75)) = 12), token grid `grid`, window/shift, planned with `strat`.
+//! The planner's plan for `sizes`; when `max_g` > 0 and the planner's G exceeds it, the plan for
+//! G = max_g instead (for tests of a path with a G limit, e.g. the one-pass tensor-core forward's
+//! 64: the planner may pick any G at or above the largest window, 65 included).
+inline void plan_within(const std::vector<index_t>& sizes, greenmim::planner_options opt, index_t max_g,
+                        greenmim::plan& out) {
+  REQUIRE(greenmim::make_plan(greenmim::span<const index_t>(sizes), opt, 128, out) == greenmim::status::success);
+  if (max_g > 0 && out.group_size > max_g) {
+    opt.group_size = max_g;
+    REQUIRE(greenmim::make_plan(greenmim::span<const index_t>(sizes), opt, 128, out) == greenmim::status::success);
+  }
+}
+
 inline problem shared_mask_problem(std::mt19937_64& rng, index_t grid, index_t window, index_t shift, std::int64_t batch,
-                                   greenmim::strategy strat = greenmim::strategy::fast, index_t fixed_g = 0) {
+                                   greenmim::strategy strat = greenmim::strategy::fast, index_t fixed_g = 0,
+                                   index_t max_g = 0) {
   problem p;
   greenmim::mask_config cfg;  // 224 px, unit 32, ratio 0.75
   const std::vector<std::uint8_t> mask = greenmim::random_mask(cfg, rng(), 0);
@@ -248,7 +261,7 @@ inline problem shared_mask_problem(std::mt19937_64& rng, index_t grid, index_t w
   greenmim::planner_options opt;
   opt.strat = strat;
   opt.group_size = fixed_g;
-  REQUIRE(greenmim::make_plan(greenmim::span<const index_t>(sizes), opt, 128, p.plan) == greenmim::status::success);
+  plan_within(sizes, opt, max_g, p.plan);
   REQUIRE(greenmim::build_partition(p.plan, p.windows, p.part) == greenmim::status::success);
   p.batch = batch;
   p.name = "shared grid " + std::to_string(grid) + " p" + std::to_string(p.geom.window) + " shift " +
@@ -260,7 +273,8 @@ inline problem shared_mask_problem(std::mt19937_64& rng, index_t grid, index_t w
 //! Per-sample keep sets (any pattern, ~`keep` of the grid) of `samples` samples, flattened token
 //! axis, B = 1.
 inline problem per_sample_problem(std::mt19937_64& rng, index_t grid, index_t window, index_t shift, index_t samples,
-                                  double keep, greenmim::strategy strat = greenmim::strategy::fast) {
+                                  double keep, greenmim::strategy strat = greenmim::strategy::fast,
+                                  index_t max_g = 0) {
   problem p;
   std::vector<std::uint8_t> m(static_cast<std::size_t>(samples) * grid * grid);
   std::bernoulli_distribution bern(keep);
@@ -275,7 +289,7 @@ inline problem per_sample_problem(std::mt19937_64& rng, index_t grid, index_t wi
   const std::vector<index_t> sizes = p.windows.sizes();
   greenmim::planner_options opt;
   opt.strat = strat;
-  REQUIRE(greenmim::make_plan(greenmim::span<const index_t>(sizes), opt, 128, p.plan) == greenmim::status::success);
+  plan_within(sizes, opt, max_g, p.plan);
   REQUIRE(greenmim::build_partition(p.plan, p.windows, p.part) == greenmim::status::success);
   p.batch = 1;
   p.name = "per-sample x" + std::to_string(samples) + " grid " + std::to_string(grid) + " p" +

@@ -414,7 +414,7 @@ TEST_CASE("gpu attention forward: NaN propagates within its window only") {
   }
   for (gm_dtype dt : {GM_FLOAT32, GM_BFLOAT16}) {
     for (int which : {0, 1, 2}) {  // NaN in q, k or v of the victim token (sample 1, head 0, dim 3)
-      INFO("dtype " << gm_dtype_name(dt) << " NaN in " << "qkv"[which]);
+      INFO("dtype " << gm_dtype_name(dt) << " NaN in " << std::string(1, "qkv"[which]));
       attn_setup s = make_setup(prob, dt, 2, 32, false, true, rng);
       htensor& hs = which == 0 ? s.hq : which == 1 ? s.hk : s.hv;
       std::vector<double>& vals = which == 0 ? s.q : which == 1 ? s.k : s.v;
