@@ -221,6 +221,86 @@ TEST_CASE("fast is exactly optimal over all G for few windows (brute force)") {
   }
 }
 
+TEST_CASE("max_group_size: G within the cap; exact under it for few windows; paper and fast agree") {
+  rng g(21);
+  for (int trial = 0; trial < 200; ++trial) {
+    auto sizes = random_sizes(g, 1 + static_cast<int>(g.below(9)), 1 + static_cast<int>(g.below(64)), 0.15);
+    if (*std::max_element(sizes.begin(), sizes.end()) == 0) sizes[0] = 5;
+    const index_t maxw = *std::max_element(sizes.begin(), sizes.end());
+    index_t total = 0;
+    for (index_t w : sizes) total += w;
+    const flops_cost cost{static_cast<index_t>(8 + g.below(256))};
+    // uncapped first: a cap just below its G (when one fits) forces a different plan
+    plan free;
+    REQUIRE(make_plan(span<const index_t>(sizes), planner_options{}, cost, free) == status::success);
+    const index_t cap = trial % 3 == 0 && free.group_size > maxw
+                            ? free.group_size - 1
+                            : maxw + static_cast<index_t>(g.below(static_cast<std::uint64_t>(total - maxw + 3)));
+    INFO("trial " << trial << " cap " << cap << " free G " << free.group_size);
+    // the optimum under the cap: the least, over G <= cap, of fast at that G (exact for <= 16 windows)
+    double want = 1e300;
+    for (index_t G = maxw; G <= std::min(cap, total); ++G) {
+      planner_options fixed;
+      fixed.group_size = G;
+      plan q;
+      REQUIRE(make_plan(span<const index_t>(sizes), fixed, cost, q) == status::success);
+      want = std::min(want, q.cost);
+    }
+    for (strategy st : {strategy::fast, strategy::paper}) {
+      planner_options o;
+      o.strat = st;
+      o.max_group_size = cap;
+      plan p;
+      REQUIRE(make_plan(span<const index_t>(sizes), o, cost, p) == status::success);
+      CHECK(validate_plan(span<const index_t>(sizes), p) == status::success);
+      CHECK(p.group_size <= cap);
+      CHECK(p.cost >= free.cost * (1 - 1e-12));  // fewer choices never cost less
+      CHECK(p.cost >= p.lower_bound);
+      CHECK(p.lower_bound <= want * (1 + 1e-12));  // a bound on every plan under the cap
+      if (st == strategy::fast) {
+        CHECK(p.cost == doctest::Approx(want).epsilon(1e-12));
+        CHECK(p.lower_bound == doctest::Approx(want).epsilon(1e-12));
+      }
+      if (cap >= total) {  // the cap does not bind: the same plan as without it
+        plan unc;
+        planner_options o2;
+        o2.strat = st;
+        REQUIRE(make_plan(span<const index_t>(sizes), o2, cost, unc) == status::success);
+        CHECK(p.group_size == unc.group_size);
+        CHECK(p.windows == unc.windows);
+        CHECK(p.lower_bound == unc.lower_bound);
+      }
+    }
+  }
+}
+
+TEST_CASE("max_group_size on many windows (histogram path, per-sample batches): within the cap") {
+  rng g(22);
+  int binding = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    // 14x14 windows of a per-sample batch: hundreds of windows, one full (196 tokens)
+    auto sizes = random_sizes(g, 300 + static_cast<int>(g.below(700)), 60 + static_cast<int>(g.below(137)), 0.2);
+    sizes[0] = 196;
+    const flops_cost cost{128};
+    plan p, free;
+    REQUIRE(make_plan(span<const index_t>(sizes), planner_options{}, cost, free) == status::success);
+    // a cap below the free plan's G where one fits (it then binds), else the largest window
+    const index_t cap = free.group_size > 196
+                            ? 196 + static_cast<index_t>(g.below(static_cast<std::uint64_t>(free.group_size - 196)))
+                            : 196;
+    binding += free.group_size > cap;
+    planner_options o;
+    o.max_group_size = cap;
+    REQUIRE(make_plan(span<const index_t>(sizes), o, cost, p) == status::success);
+    CHECK(validate_plan(span<const index_t>(sizes), p) == status::success);
+    CHECK(p.group_size <= cap);
+    CHECK(p.cost >= p.lower_bound);
+    CHECK(p.cost >= free.cost * (1 - 1e-12));
+    CHECK(p.lower_bound >= free.lower_bound * (1 - 1e-12));  // bound over fewer G: never lower
+  }
+  CHECK(binding >= 10);  // the cap was below the free choice often enough to mean something
+}
+
 TEST_CASE("fast on Swin-B stages: never costlier than paper; exact on stages 2-3") {
   for (bool shifted : {false, true}) {
     for (int stage = 0; stage < 3; ++stage) {
@@ -315,6 +395,20 @@ TEST_CASE("bad input is refused with a status and leaves the plan untouched") {
   planner_options neg;
   neg.group_size = -5;
   expect({3, 4}, neg, status::invalid_argument);
+  // max_group_size: below the largest window, negative, with another strategy, below a fixed G
+  planner_options capped;
+  capped.max_group_size = 10;
+  expect({3, 11, 4}, capped, status::size_exceeds_group);
+  capped.strat = strategy::paper;
+  expect({3, 11, 4}, capped, status::size_exceeds_group);
+  capped.strat = strategy::single;
+  expect({3, 4}, capped, status::invalid_argument);
+  capped.strat = strategy::fast;
+  capped.max_group_size = -1;
+  expect({3, 4}, capped, status::invalid_argument);
+  capped.max_group_size = 8;
+  capped.group_size = 9;
+  expect({3, 4}, capped, status::invalid_argument);
   // A sweep that would take hours is refused instead of hanging.
   planner_options paper;
   paper.strat = strategy::paper;

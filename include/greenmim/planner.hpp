@@ -16,7 +16,8 @@
 //!    windows), exact over all G for <= 16 windows. Its `lower_bound` is a-posteriori: equal to
 //!    the cost (gap 0) when every G it packed was proven optimal.
 //!  - `per_window`: one window per group, G = max w_i. `single`: one group, G = sum w_i.
-//! `planner_options::group_size` fixes G for `paper` and `fast` (capped at sum w_i).
+//! `planner_options::group_size` fixes G for `paper` and `fast` (capped at sum w_i);
+//! `planner_options::max_group_size` limits their sweep to G <= it (a kernel's fast-path limit).
 //! Cost models: see cost_model.hpp (nondecreasing in G and in the number of groups).
 //!
 //! This header is what users include; it is the facade (`planner`, `make_plan`) over parts that
@@ -62,8 +63,9 @@ class planner {
 
   //! Plans `sizes` (w_i >= 0, at least one > 0) with `opt`. On failure `out` is left unchanged.
   //! Errors: empty_input (no window or all empty), invalid_argument (negative size, G < 0,
-  //! unknown strategy, paper sweep too large), size_exceeds_group (w_i > fixed G), overflow
-  //! (w_i > 2^20 or sum > 2^28).
+  //! unknown strategy, paper sweep too large, group_size or max_group_size < 0 or set for
+  //! another strategy than paper / fast, group_size > max_group_size), size_exceeds_group
+  //! (w_i > fixed G or > max_group_size), overflow (w_i > 2^20 or sum > 2^28).
   status run(span<const index_t> sizes, const planner_options& opt, plan& out) {
     if (status s = prepare(sizes, opt); s != status::success) return s;
     meter_.reset();
@@ -89,14 +91,18 @@ class planner {
   status prepare(span<const index_t> sizes, const planner_options& opt) {
     hist_.reset();
     best_.holds_windows = false;
+    max_group_ = opt.max_group_size;
     fs_bounds_ = sizes.size() <= opt.paper_dp_max_windows;
     if (sizes.size() == 0) return status::empty_input;
     if (sizes.size() > std::numeric_limits<index_t>::max()) return status::overflow;
-    if (opt.group_size < 0) return status::invalid_argument;
+    if (opt.group_size < 0 || opt.max_group_size < 0) return status::invalid_argument;
     if (status st = hist_.build(sizes.data(), sizes.size()); st != status::success) return st;
-    if (opt.group_size > 0 && opt.strat != strategy::paper && opt.strat != strategy::fast)
+    if ((opt.group_size > 0 || opt.max_group_size > 0) && opt.strat != strategy::paper && opt.strat != strategy::fast)
+      return status::invalid_argument;
+    if (opt.group_size > 0 && opt.max_group_size > 0 && opt.group_size > opt.max_group_size)
       return status::invalid_argument;
     if (opt.group_size > 0 && opt.group_size < hist_.maxw) return status::size_exceeds_group;
+    if (opt.max_group_size > 0 && opt.max_group_size < hist_.maxw) return status::size_exceeds_group;
     return status::success;
   }
 
@@ -116,13 +122,14 @@ class planner {
       best_.cost = cost_(best_.g, best_.groups.count());
       return status::success;
     }
+    const std::int64_t gmax = opt.max_group_size > 0 ? std::min<std::int64_t>(opt.max_group_size, total) : total;
     // Work guard: the sweep is O((S - max w) * n * S / 64) with bitsets, O(... * S) with the table.
-    const double sweep = static_cast<double>(total - hist_.maxw + 1) * static_cast<double>(hist_.n_items()) *
+    const double sweep = static_cast<double>(gmax - hist_.maxw + 1) * static_cast<double>(hist_.n_items()) *
                          (opt.table_dp ? static_cast<double>(total) : static_cast<double>(total) / 64.0 + 1.0);
     if (sweep > 4e10) return status::invalid_argument;
     best_.cost = std::numeric_limits<double>::infinity();
     detail::packing& cur = pk_.cur;
-    for (std::int64_t g = hist_.maxw; g <= total; ++g) {
+    for (std::int64_t g = hist_.maxw; g <= gmax; ++g) {
       pack(static_cast<index_t>(g), cur);
       const double c = cost_(static_cast<index_t>(g), cur.count());
       if (c < best_.cost) {  // strict: the first (smallest) G wins ties
@@ -175,10 +182,10 @@ class planner {
 
   // ---- result ---------------------------------------------------------------------------------
   //! Lower bound on any plan's cost: `fast`'s a-posteriori bound, else the a-priori one
-  //! (min over G in [maxw, S] of cost(G, bins bound(G))).
+  //! (min over G in [maxw, S], or up to max_group_size when one is set, of cost(G, bins bound(G))).
   double global_lower_bound() {
     if (have_lower_bound_) return lower_bound_;
-    return sweep_.a_priori_bound(hist_, fs_bounds_);
+    return sweep_.a_priori_bound(hist_, fs_bounds_, max_group_);
   }
 
   void emit(strategy st, plan& out) {
@@ -213,6 +220,7 @@ class planner {
   bool fs_bounds_ = true;              // add the Fekete-Schepers bounds to L2 (small inputs)
   double lower_bound_ = 0;             // fast's a-posteriori bound (when have_lower_bound_)
   bool have_lower_bound_ = false;
+  index_t max_group_ = 0;              // planner_options::max_group_size of the current run
 };
 
 //! One-shot planning (allocates scratch; reuse a `planner` to plan every step without allocating).

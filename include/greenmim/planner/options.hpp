@@ -13,6 +13,10 @@ namespace greenmim {
 struct planner_options {
   strategy strat = strategy::fast;
   index_t group_size = 0;           //!< > 0 fixes G (paper and fast only); 0 sweeps G
+  //! > 0: paper and fast sweep only G <= max_group_size (a kernel's fast-path limit, e.g. the
+  //! tensor-core attention's 256); a window larger than it is refused (size_exceeds_group), and
+  //! the plan's lower bound is over plans with such G. 0: no limit.
+  index_t max_group_size = 0;
   bool table_dp = false;            //!< paper: use the literal table DP instead of the bitset form
   index_t exact_max_windows = 16;   //!< fast: exact bin packing per G up to this many windows
   index_t paper_dp_max_windows = 256;  //!< fast: also run the paper's DP per G up to this many windows

@@ -1,5 +1,5 @@
 //! \file planner/sweep.hpp
-//! The `fast` strategy's sweep over group sizes G in [max w, S]: a best-first search ordered by
+//! The `fast` strategy's sweep over group sizes G in [max w, min(S, cap)]: a best-first search ordered by
 //! each G's lower bound (bounds.hpp), packing each G it visits (pack_one_g.hpp) and stopping as
 //! soon as the least remaining bound reaches the best cost found. Also the plan's lower bounds:
 //! the a-priori one (least bound over all G; reported by every other strategy) and the
@@ -45,7 +45,7 @@ class fast_sweep {
     meter_ = &meter;
     const bool lazy = h.n_items() > opt.paper_dp_max_windows;
     best.holds_windows = false;
-    build_candidates();
+    build_candidates(opt.max_group_size);
     const size_t first = least_candidate();
     double lower_bound = cands_[first].lb;
     unproven_lb_ = std::numeric_limits<double>::infinity();
@@ -108,12 +108,12 @@ class fast_sweep {
     return std::max(lower_bound, std::min(best.cost, unproven_lb_));
   }
 
-  //! A-priori lower bound on any plan's cost for the items of `h`: min over G in [maxw, S] of
-  //! cost(G, bins_lower_bound(G)).
-  double a_priori_bound(size_histogram& h, bool dual_feasible) {
+  //! A-priori lower bound on any plan's cost for the items of `h`: min over G in [maxw, gmax] of
+  //! cost(G, bins_lower_bound(G)), gmax = min(S, max_group) (max_group 0: S). Needs maxw <= gmax.
+  double a_priori_bound(size_histogram& h, bool dual_feasible, index_t max_group = 0) {
     h_ = &h;
     fs_ = dual_feasible;
-    build_candidates();
+    build_candidates(max_group);
     return cands_[least_candidate()].lb;
   }
 
@@ -164,10 +164,10 @@ class fast_sweep {
   //! Lists the generator's next nonempty range into `r` (false when none is left) and advances
   //! the generator; an exhausted generator gets an infinite bound.
   bool next_range(candidate& gen, candidate& r) const {
-    const std::int64_t total = h_->total;
     for (std::int64_t k = gen.bins; k >= 1; --k) {
       const std::int64_t lo = std::max(split_, ceil_s_over(k));
-      const std::int64_t hi = k > 1 ? ceil_s_over(k - 1) - 1 : total;
+      if (lo > gmax_) break;  // lo only grows as k falls: no range is left under the cap
+      const std::int64_t hi = k > 1 ? std::min(ceil_s_over(k - 1) - 1, gmax_) : gmax_;
       if (lo > hi) continue;
       r = {cost_(static_cast<index_t>(lo), static_cast<index_t>(k)), static_cast<index_t>(lo), static_cast<index_t>(hi),
            static_cast<index_t>(k), cand_exact};
@@ -243,12 +243,13 @@ class fast_sweep {
   //! Candidates of the sweep, into `cands_`: every G in [maxw, 2*maxw) on its own (bound
   //! ceil(S/G), refined to L2 when it matters), and above that one range per k = ceil(S/G)
   //! (bound cost(G, k), nondecreasing in G within the range, so the range's first G carries its
-  //! least bound).
-  void build_candidates() {
+  //! least bound); all clipped to G <= gmax_ = min(S, max_group) (max_group 0: S).
+  void build_candidates(index_t max_group) {
     const std::int64_t S = h_->total;
     const index_t maxw = h_->maxw;
-    split_ = std::min<std::int64_t>(2 * static_cast<std::int64_t>(maxw), S + 1);
-    const std::int64_t kmax = split_ > S ? 0 : ceil_s_over(split_);
+    gmax_ = max_group > 0 ? std::min<std::int64_t>(S, max_group) : S;
+    split_ = std::min<std::int64_t>(2 * static_cast<std::int64_t>(maxw), gmax_ + 1);
+    const std::int64_t kmax = split_ > gmax_ ? 0 : ceil_s_over(split_);
     constexpr bool lazy_ranges = has_per_group<CostModel>::value;
     // sized once and written in place (no push_back of temporaries)
     cands_.resize(static_cast<size_t>(split_ - maxw + (lazy_ranges ? 1 : kmax)));
@@ -281,7 +282,8 @@ class fast_sweep {
   bool fs_ = true;                     // add the Fekete-Schepers bounds (small inputs)
   work_meter* meter_ = nullptr;        // the current run's work accounting
   std::vector<candidate> cands_;
-  std::int64_t split_ = 0;  // first G covered by ranges (2 * max w, or S + 1)
+  std::int64_t split_ = 0;  // first G covered by ranges (2 * max w, or gmax_ + 1)
+  std::int64_t gmax_ = 0;   // largest G swept: S, or the caller's max_group_size
   std::map<index_t, index_t> exact_counts_;  // G -> exact minimum number of groups at G
   hd_patterns hd_best_;                      // the best G's histogram-DP patterns (lazy_hdp)
   lazy_packer best_lazy_ = lazy_none;
