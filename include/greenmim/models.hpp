@@ -74,6 +74,18 @@ inline const model_shape* find_model(const char* name) {
 //! agree), with the head dimensions they implement.
 constexpr index_t cuda_max_window = 32;
 constexpr index_t cuda_max_group = 1024;
+//! Largest G of the tensor-core attention (GM_ALGO_MMA, forward and backward, fp16/bf16): the
+//! fast path. Above it, up to cuda_max_group, the CUDA-core (SIMT) kernels run.
+constexpr index_t cuda_mma_max_group = 256;
+
+//! The planner cap (planner_options::max_group_size) that keeps a stage of window `window` on
+//! the tensor-core path: cuda_mma_max_group when a full p x p window fits under it (windows up
+//! to 16), else 0 (no cap: such windows need G > 256 anyway). The planner's own optimum may lie
+//! above the largest window (e.g. G = 65 for windows of 49, or 272 for windows of 256); the cap
+//! trades that (small) saving for the fast kernels.
+inline index_t fast_path_max_group(index_t window) {
+  return window > 0 && static_cast<std::int64_t>(window) * window <= cuda_mma_max_group ? cuda_mma_max_group : 0;
+}
 
 //! Why the CUDA attention (gm_attention_fwd/bwd) would refuse a stage that runs window `window`
 //! (the effective one, after Swin's small-stage rule), groups of `group_size` tokens and heads of

@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define GMH_ABI_VERSION 1
+#define GMH_ABI_VERSION 2
 
 enum {
   GMH_OK = 0,
@@ -80,6 +80,7 @@ typedef struct gmh_stage_args {
   int32_t strategy;   /*!< GMH_FAST (default), GMH_PAPER, GMH_PER_WINDOW, GMH_SINGLE */
   int32_t group_size; /*!< > 0 fixes G; 0 lets the planner sweep */
   int32_t channels;   /*!< C of the FLOPs cost model (> 0) */
+  int32_t max_group_size; /*!< > 0: the sweep keeps G <= it (see gmh_fast_path_max_group); 0: no cap */
 } gmh_stage_args;
 
 typedef struct gmh_stage_info {
@@ -106,8 +107,12 @@ void gmh_stage_free(gmh_stage* stage);
  *  table gm_build_partition takes: window_group[w], window_slot_offset[w] (-1 for empty
  *  windows). `info` gets group_size, num_groups, cost, lower_bound, plan_us (other fields 0). */
 int gmh_plan_table(const int32_t* sizes, int32_t num_windows, int32_t strategy, int32_t group_size,
-                   int32_t channels, int32_t* window_group, int32_t* window_slot_offset,
+                   int32_t max_group_size, int32_t channels, int32_t* window_group, int32_t* window_slot_offset,
                    gmh_stage_info* info);
+
+/*! The group-size cap that keeps a stage of (effective) window `window` on the tensor-core
+ *  attention (greenmim::fast_path_max_group): 256 for windows up to 16, else 0 (no cap). */
+int32_t gmh_fast_path_max_group(int32_t window);
 
 /*! Patch-merging indices of a stage (height, width even): `visible` as in gmh_stage_args. Writes
  *  gather4 [N_next*4] (indices into the stage's token axis, Swin's order (0,0), (1,0), (0,1),

@@ -73,20 +73,28 @@ int mask_coords(const uint8_t* visible, int32_t num_masks, int32_t height, int32
   return GMH_OK;
 }
 
-int plan_sizes(const std::vector<index_t>& sizes, int32_t strat, int32_t group_size, int32_t channels, plan& p,
-               double& plan_us) {
+int plan_sizes(const std::vector<index_t>& sizes, int32_t strat, int32_t group_size, int32_t max_group_size,
+               int32_t channels, plan& p, double& plan_us) {
   if (!valid_strategy(strat)) return fail("unknown strategy " + std::to_string(strat));
   if (group_size < 0) return fail("group_size must be >= 0 (0 = sweep), got " + std::to_string(group_size));
+  if (max_group_size < 0)
+    return fail("max_group_size must be >= 0 (0 = no cap), got " + std::to_string(max_group_size));
+  if (max_group_size > 0 && strat != GMH_FAST && strat != GMH_PAPER)
+    return fail("max_group_size applies to the fast and paper strategies only");
+  if (group_size > 0 && max_group_size > 0 && group_size > max_group_size)
+    return fail("group_size " + std::to_string(group_size) + " > max_group_size " + std::to_string(max_group_size));
   if (channels < 1 || channels > (1 << 20)) return fail("channels must be 1..2^20, got " + std::to_string(channels));
   planner_options opt;
   opt.strat = static_cast<strategy>(strat);
   opt.group_size = group_size;
+  opt.max_group_size = max_group_size;
   const auto t0 = std::chrono::steady_clock::now();
   const status s = make_plan(span<const index_t>(sizes), opt, static_cast<index_t>(channels), p);
   plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   if (s == status::empty_input) return fail("plan: no visible token in any window");
   if (s == status::size_exceeds_group)
-    return fail("plan: a window holds more tokens than the fixed group_size " + std::to_string(group_size));
+    return fail(group_size > 0 ? "plan: a window holds more tokens than the fixed group_size " + std::to_string(group_size)
+                               : "plan: a window holds more tokens than max_group_size " + std::to_string(max_group_size));
   if (s != status::success) return fail("plan", s);
   return GMH_OK;
 }
@@ -205,7 +213,8 @@ int gmh_stage_build(const gmh_stage_args* a, gmh_stage** out) {
     st->window_sizes = wl.sizes();
     plan p;
     double us = 0;
-    if (int rc = plan_sizes(st->window_sizes, a->strategy, a->group_size, a->channels, p, us)) return rc;
+    if (int rc = plan_sizes(st->window_sizes, a->strategy, a->group_size, a->max_group_size, a->channels, p, us))
+      return rc;
     if (status s = build_partition(p, wl, st->part); s != status::success) return fail("partition", s);
     st->token_window.assign(static_cast<size_t>(wl.num_tokens), pad_index);
     for (index_t w = 0; w < wl.num_windows(); ++w)
@@ -249,8 +258,11 @@ int gmh_stage_copy(const gmh_stage* s, int32_t* gather, int32_t* scatter, int32_
 
 void gmh_stage_free(gmh_stage* s) { delete s; }
 
-int gmh_plan_table(const int32_t* sizes, int32_t num_windows, int32_t strat, int32_t group_size, int32_t channels,
-                   int32_t* window_group, int32_t* window_slot_offset, gmh_stage_info* info) {
+int32_t gmh_fast_path_max_group(int32_t window) { return greenmim::fast_path_max_group(window); }
+
+int gmh_plan_table(const int32_t* sizes, int32_t num_windows, int32_t strat, int32_t group_size,
+                   int32_t max_group_size, int32_t channels, int32_t* window_group, int32_t* window_slot_offset,
+                   gmh_stage_info* info) {
   return guarded([&]() -> int {
     if (!sizes || !window_group || !window_slot_offset || !info) return fail("gmh_plan_table: null argument");
     if (num_windows < 1) return fail("num_windows must be >= 1, got " + std::to_string(num_windows));
@@ -259,7 +271,7 @@ int gmh_plan_table(const int32_t* sizes, int32_t num_windows, int32_t strat, int
       if (v < 0) return fail("window sizes must be >= 0, got " + std::to_string(v));
     plan p;
     double us = 0;
-    if (int rc = plan_sizes(sz, strat, group_size, channels, p, us)) return rc;
+    if (int rc = plan_sizes(sz, strat, group_size, max_group_size, channels, p, us)) return rc;
     for (int32_t w = 0; w < num_windows; ++w) window_group[w] = window_slot_offset[w] = pad_index;
     for (index_t g = 0; g < p.num_groups(); ++g) {
       index_t off = 0;

@@ -45,7 +45,7 @@ class WindowGeometry(ctypes.Structure):
 class StageArgs(ctypes.Structure):
     _fields_ = [("visible", c_void_p), ("num_masks", c_int32), ("height", c_int32), ("width", c_int32),
                 ("window", c_int32), ("shift", c_int32), ("strategy", c_int32), ("group_size", c_int32),
-                ("channels", c_int32)]
+                ("channels", c_int32), ("max_group_size", c_int32)]
 
 
 class StageInfo(ctypes.Structure):
@@ -84,7 +84,7 @@ GM_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 GM_ALGOS = {"auto": 0, "simt": 1, "mma": 2}
 STRATEGIES = {"fast": 0, "paper": 1, "per-window": 2, "single": 3}
 _KERNELS_ABI_VERSION = 1
-_HOST_ABI_VERSION = 1
+_HOST_ABI_VERSION = 2
 
 
 def tensor(t: Optional[torch.Tensor]) -> Tensor:
@@ -168,8 +168,10 @@ def host() -> ctypes.CDLL:
     lib.gmh_stage_free.argtypes = [c_void_p]
     lib.gmh_stage_free.restype = None
     lib.gmh_window_geometry.argtypes = [c_int32] * 4 + [POINTER(c_int32)] * 3
-    lib.gmh_plan_table.argtypes = [c_void_p, c_int32, c_int32, c_int32, c_int32, c_void_p, c_void_p,
+    lib.gmh_plan_table.argtypes = [c_void_p, c_int32, c_int32, c_int32, c_int32, c_int32, c_void_p, c_void_p,
                                    POINTER(StageInfo)]
+    lib.gmh_fast_path_max_group.argtypes = [c_int32]
+    lib.gmh_fast_path_max_group.restype = c_int32
     lib.gmh_merge_indices.argtypes = [c_void_p, c_int32, c_int32, c_int32, c_void_p, c_int64, POINTER(c_int64)]
     lib.gmh_attention_fwd.argtypes = [POINTER(HostAttentionArgs)]
     lib.gmh_attention_bwd.argtypes = [POINTER(HostAttentionArgs)]

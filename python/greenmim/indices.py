@@ -103,9 +103,14 @@ def _host_bytes(t: Tensor) -> Tensor:
 
 
 def stage_partition(visible: Tensor, window: int, shift: int, channels: int, strategy: str = "fast",
-                    group_size: int = 0, device=None, cache: bool = True) -> StagePartition:
+                    group_size: int = 0, device=None, cache: bool = True,
+                    max_group_size: Optional[int] = None) -> StagePartition:
     """Partition indices of one stage: ``visible`` is ``[H, W]`` (shared) or ``[M, H, W]``
-    (per-sample) bool. Planned with the FLOPs cost model at ``channels``."""
+    (per-sample) bool. Planned with the FLOPs cost model at ``channels``.
+
+    ``max_group_size``: the planner keeps G at or below it (0: no cap). None (the default) caps G
+    at the tensor-core attention's limit (256) when the stage's windows fit under it (window <=
+    16), so every group runs on the fast kernels; a fixed ``group_size`` is then left alone."""
     if visible.dim() == 2:
         visible = visible.unsqueeze(0)
     if visible.dim() != 3:
@@ -113,9 +118,13 @@ def stage_partition(visible: Tensor, window: int, shift: int, channels: int, str
     if strategy not in _lib.STRATEGIES:
         raise GreenmimError(f"greenmim: unknown strategy {strategy!r}; one of {sorted(_lib.STRATEGIES)}")
     device = torch.device(device) if device is not None else visible.device
+    if max_group_size is None:
+        auto = strategy in ("fast", "paper") and group_size == 0
+        eff = window_geometry(visible.shape[-2], visible.shape[-1], window, shift)[0]
+        max_group_size = _lib.host().gmh_fast_path_max_group(eff) if auto else 0
     host = _host_bytes(visible)
-    key = (host.numpy().tobytes(), tuple(host.shape), window, shift, channels, strategy, group_size, str(device),
-           _backend.emulating())
+    key = (host.numpy().tobytes(), tuple(host.shape), window, shift, channels, strategy, group_size, max_group_size,
+           str(device), _backend.emulating())
     if cache:
         with _cache_lock:
             hit = _cache.get(key)
@@ -124,9 +133,9 @@ def stage_partition(visible: Tensor, window: int, shift: int, channels: int, str
                 return hit
     if device.type == "cuda" or (device.type == "cpu" and _backend.emulating()):
         part = _device_partition(visible.to(device, torch.uint8).contiguous(), window, shift, channels, strategy,
-                                 group_size)
+                                 group_size, max_group_size)
     else:
-        part = _host_partition(host, window, shift, channels, strategy, group_size, device)
+        part = _host_partition(host, window, shift, channels, strategy, group_size, max_group_size, device)
     if cache:
         with _cache_lock:
             _cache[key] = part
@@ -135,10 +144,12 @@ def stage_partition(visible: Tensor, window: int, shift: int, channels: int, str
     return part
 
 
-def _host_partition(host: Tensor, window, shift, channels, strategy, group_size, device) -> StagePartition:
+def _host_partition(host: Tensor, window, shift, channels, strategy, group_size, max_group_size,
+                    device) -> StagePartition:
     lib = _lib.host()
     M, H, W = host.shape
-    a = _lib.StageArgs(host.data_ptr(), M, H, W, window, shift, _lib.STRATEGIES[strategy], group_size, channels)
+    a = _lib.StageArgs(host.data_ptr(), M, H, W, window, shift, _lib.STRATEGIES[strategy], group_size, channels,
+                       max_group_size)
     handle = ctypes.c_void_p()
     _lib.host_check(lib.gmh_stage_build(ctypes.byref(a), ctypes.byref(handle)), "stage partition")
     try:
@@ -155,7 +166,7 @@ def _host_partition(host: Tensor, window, shift, channels, strategy, group_size,
                           plan_us=info.plan_us, budget_exhausted=bool(info.budget_exhausted))
 
 
-def _device_partition(mask: Tensor, window, shift, channels, strategy, group_size) -> StagePartition:
+def _device_partition(mask: Tensor, window, shift, channels, strategy, group_size, max_group_size) -> StagePartition:
     """kernels.h's flow: select visible -> token windows and window sizes -> (host) plan -> build."""
     lib = _lib.kernels(emulated=mask.device.type != "cuda")
     stream = _backend._stream(mask)
@@ -187,7 +198,8 @@ def _device_partition(mask: Tensor, window, shift, channels, strategy, group_siz
     group, offset = torch.empty(M * nw_per, dtype=torch.int32), torch.empty(M * nw_per, dtype=torch.int32)
     info = _lib.StageInfo()
     _lib.host_check(_lib.host().gmh_plan_table(host_sizes.data_ptr(), M * nw_per, _lib.STRATEGIES[strategy],
-                                               group_size, channels, group.data_ptr(), offset.data_ptr(),
+                                               group_size, max_group_size, channels, group.data_ptr(),
+                                               offset.data_ptr(),
                                                ctypes.byref(info)), "stage partition")
     G, ng = info.group_size, info.num_groups
     d_group, d_offset = group.to(dev), offset.to(dev)
@@ -228,14 +240,15 @@ def _stage1_mask(visible: Tensor, grid: Tuple[int, int]) -> Tensor:
 
 def plan_masks(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, window_size: int = 7,
                num_stages: int = 4, embed_dim: int = 128, strategy: str = "fast", device=None,
-               cache: bool = True) -> MaskPlan:
+               cache: bool = True, max_group_size: Optional[int] = None) -> MaskPlan:
     """Plans every stage of a Swin-like encoder for a mask.
 
     ``visible``: bool ``[h, w]`` (one mask shared by the batch, the paper's setting) or
     ``[B, h, w]`` (per-sample masks), True = visible, at mask-unit (e.g. 7x7 for 32 px units at
     224 px) or patch resolution. Stage s has a ``(img/patch) / 2^s`` token grid, C = embed_dim
     * 2^s (the planner's cost model), windows of ``window_size`` shifted by half on odd blocks.
-    The result lives on ``device`` (default: the mask's)."""
+    The result lives on ``device`` (default: the mask's). ``max_group_size``: see
+    :func:`stage_partition` (default: G kept on the tensor-core kernels where windows allow)."""
     if not isinstance(visible, Tensor) or visible.dtype != torch.bool:
         raise GreenmimError("greenmim: the mask must be a bool tensor (True = visible)")
     if visible.dim() not in (2, 3):
@@ -259,8 +272,10 @@ def plan_masks(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, win
         H = W = g0 >> s
         C = embed_dim << s
         arg = ms if per_sample else ms[0]
-        plain = stage_partition(arg, window_size, 0, C, strategy, device=device, cache=cache)
-        shifted = stage_partition(arg, window_size, window_size // 2, C, strategy, device=device, cache=cache)
+        plain = stage_partition(arg, window_size, 0, C, strategy, device=device, cache=cache,
+                                max_group_size=max_group_size)
+        shifted = stage_partition(arg, window_size, window_size // 2, C, strategy, device=device, cache=cache,
+                                  max_group_size=max_group_size)
         merge = merge_indices(arg, device) if s + 1 < num_stages else None
         counts = ms.flatten(1).sum(1)
         cu = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(device) if per_sample else None

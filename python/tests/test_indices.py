@@ -121,3 +121,61 @@ def test_window_geometry_small_stage_rule_and_refusal():
     assert greenmim.window_geometry(6, 6, 12, 6) == (6, 0, 1)
     with pytest.raises(GreenmimError, match="window geometry"):
         greenmim.window_geometry(0, 5, 7, 0)
+
+
+def _three_full_windows_and_a_few(grid, window, few):
+    """A [grid, grid] mask of 2 x 2 windows: three fully visible, the fourth with `few` tokens.
+    The planner's free optimum then packs the few tokens with a full window (G = p*p + few:
+    three groups instead of four), above the tensor-core limit for p = 16."""
+    m = torch.ones(grid, grid, dtype=torch.bool)
+    fourth = torch.zeros(window * window, dtype=torch.bool)
+    fourth[:few] = True
+    m[window:, window:] = fourth.view(window, window)
+    return m
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_max_group_size_keeps_window16_on_the_tensor_core_limit(emulated):
+    m = _three_full_windows_and_a_few(32, 16, 10)
+    ctx = greenmim.emulate_cuda() if emulated else torch.no_grad()
+    with ctx:
+        free = greenmim.stage_partition(m, 16, 0, 256, max_group_size=0, cache=False)
+        auto = greenmim.stage_partition(m, 16, 0, 256, cache=False)          # default: capped at 256
+        explicit = greenmim.stage_partition(m, 16, 0, 256, max_group_size=256, cache=False)
+    assert (free.group_size, free.num_groups) == (266, 3)
+    assert (auto.group_size, auto.num_groups) == (256, 4)
+    assert torch.equal(auto.gather, explicit.gather)
+    _check_partition(auto, m)
+    assert auto.cost > free.cost                      # the cap costs FLOPs, never saves them
+    assert auto.lower_bound >= free.lower_bound       # a bound over fewer group sizes
+    # windows of 7 at C = 256: one group of all 161 tokens free (also the default: 161 <= 256);
+    # under a cap of 64, the few tokens ride with a full window (G = 63, three groups)
+    m7 = _three_full_windows_and_a_few(14, 7, 14)
+    assert greenmim.stage_partition(m7, 7, 0, 256, cache=False).group_size == 161
+    capped = greenmim.stage_partition(m7, 7, 0, 256, max_group_size=64, cache=False)
+    assert (capped.group_size, capped.num_groups) == (63, 3)
+    _check_partition(capped, m7)
+
+
+def test_max_group_size_default_by_window_and_refusals():
+    # windows above 16 (p*p > 256) are not capped by default: they need G > 256 anyway
+    m = torch.ones(34, 34, dtype=torch.bool)
+    assert greenmim.stage_partition(m, 17, 0, 64, cache=False).group_size >= 289
+    # a fixed group size is left alone by the default cap
+    assert greenmim.stage_partition(torch.ones(14, 14, dtype=torch.bool), 7, 0, 64, group_size=300,
+                                    cache=False).group_size == 196
+    # the cached plan of one cap is not served for another
+    m16 = _three_full_windows_and_a_few(32, 16, 10)
+    assert greenmim.stage_partition(m16, 16, 0, 256).group_size == 256
+    assert greenmim.stage_partition(m16, 16, 0, 256, max_group_size=0).group_size == 266
+    full = torch.ones(14, 14, dtype=torch.bool)
+    with pytest.raises(GreenmimError, match="max_group_size 40"):
+        greenmim.stage_partition(full, 7, 0, 64, max_group_size=40, cache=False)   # a window of 49 > 40
+    with pytest.raises(GreenmimError, match="max_group_size must be >= 0"):
+        greenmim.stage_partition(full, 7, 0, 64, max_group_size=-3, cache=False)
+    with pytest.raises(GreenmimError, match="fast and paper"):
+        greenmim.stage_partition(full, 7, 0, 64, strategy="single", max_group_size=256, cache=False)
+    with pytest.raises(GreenmimError, match="group_size 100 > max_group_size 64"):
+        greenmim.stage_partition(full, 7, 0, 64, group_size=100, max_group_size=64, cache=False)
+    with greenmim.emulate_cuda(), pytest.raises(GreenmimError, match="max_group_size 40"):
+        greenmim.stage_partition(full, 7, 0, 64, max_group_size=40, cache=False)

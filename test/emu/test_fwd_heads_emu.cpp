@@ -14,7 +14,7 @@ TEST_CASE("emulated attention forward: several heads per CTA under reverse and r
   const std::uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
-  const auto fast = greenmim::strategy::fast;  // plans with G > 64 redone at 64 (see the GPU test)
+  const auto fast = greenmim::strategy::fast;  // plans with G <= 64 (see the GPU test)
   const problem stage1 = shared_mask_problem(rng, 56, 7, 0, 1, fast, 0, 64);
   const problem shifted = shared_mask_problem(rng, 28, 7, 3, 1, fast, 0, 64);
   for (gm_emu::schedule s : {gm_emu::schedule::reverse, gm_emu::schedule::random}) {

@@ -119,7 +119,7 @@ TEST_CASE("gpu attention forward: several heads per CTA give the one-head kernel
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
   // the several-heads kernel is the one-pass tensor-core forward's (G <= 64); the planner may pick
-  // G = 65 or more for some masks, so those plans are redone at G = 64
+  // G = 65 or more for some masks, so these plans are made with max_group_size 64
   const auto fast = greenmim::strategy::fast;
   const problem stage1 = shared_mask_problem(rng, 56, 7, 0, 2, fast, 0, 64);  // G >= 49
   const problem shifted = shared_mask_problem(rng, 28, 7, 3, 2, fast, 0, 64);
