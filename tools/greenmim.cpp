@@ -70,6 +70,8 @@ std::string plan_usage() {
          "  --channels C      C of the cost model (default 128; with a model: the stage's channels)\n"
          "  --strategy NAME   fast | paper | per-window | single (default fast)\n"
          "  --group-size G    fix G (fast and paper only; default: the planner sweeps G)\n"
+         "  --max-group M     sweep only G <= M (fast and paper only; 256 keeps windows up to 16 on\n"
+         "                    the tensor-core attention; default: no cap)\n"
          "  --json            one JSON object on one line\n"
          "  --help            this text\n";
 }
@@ -129,11 +131,12 @@ strategy parse_strategy(const std::string& s) {
   throw usage_error("--strategy: unknown strategy '" + s + "' (fast, paper, per-window, single)");
 }
 
-std::string plan_error(status s, std::int64_t group_size) {
+std::string plan_error(status s, const planner_options& opt) {
   switch (s) {
     case status::empty_input: return "no non-empty window to plan";
     case status::size_exceeds_group:
-      return "a window is larger than the group size " + std::to_string(group_size);
+      return opt.group_size > 0 ? "a window is larger than the group size " + std::to_string(opt.group_size)
+                                : "a window is larger than --max-group " + std::to_string(opt.max_group_size);
     case status::overflow: return "window sizes too large (a window <= 2^20 tokens, total <= 2^28)";
     case status::invalid_argument: return "invalid arguments (too large for the paper's sweep? use --strategy fast)";
     default: return status_string(s);
@@ -149,7 +152,7 @@ std::string json_list(const std::vector<index_t>& v, size_t b, size_t e) {
 // ---------------------------------------------------------------------------------------------
 int cmd_plan(int argc, char** argv, std::istream& in, std::ostream& cout, const cli::limits& lim) {
   cli::args a(argc, argv,
-              cli::with_geometry_flags({"--sizes", "--channels", "--strategy", "--group-size", "--model", "--stage", "--seed"}),
+              cli::with_geometry_flags({"--sizes", "--channels", "--strategy", "--group-size", "--max-group", "--model", "--stage", "--seed"}),
               {"--json", "--shifted"});
   // Model mode: the windows of one random mask on a model's stage instead of given sizes.
   bool model_mode = a.has("--model") || a.has("--stage") || a.has("--seed") || a.has("--shifted");
@@ -187,6 +190,14 @@ int cmd_plan(int argc, char** argv, std::istream& in, std::ostream& cout, const 
     if (opt.strat != strategy::fast && opt.strat != strategy::paper)
       throw usage_error("--group-size applies to --strategy fast or paper only");
   }
+  if (a.has("--max-group")) {
+    opt.max_group_size = static_cast<index_t>(cli::parse_int(a.get("--max-group"), "--max-group", 1, max_total_size));
+    if (opt.strat != strategy::fast && opt.strat != strategy::paper)
+      throw usage_error("--max-group applies to --strategy fast or paper only");
+    if (opt.group_size > opt.max_group_size)
+      throw usage_error("--group-size " + std::to_string(opt.group_size) + " > --max-group " +
+                        std::to_string(opt.max_group_size));
+  }
   // One list from --sizes, or one or more lists (one per line) from stdin: a batch.
   std::vector<std::vector<index_t>> lists;
   if (model_mode) {
@@ -217,7 +228,7 @@ int cmd_plan(int argc, char** argv, std::istream& in, std::ostream& cout, const 
   const auto t0 = std::chrono::steady_clock::now();
   const status s = make_plan(span<const index_t>(sizes), opt, flops_cost{channels}, p);
   const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  if (s != status::success) throw usage_error(plan_error(s, opt.group_size));
+  if (s != status::success) throw usage_error(plan_error(s, opt));
 
   std::ostringstream out;
   const bool batch = lists.size() > 1;

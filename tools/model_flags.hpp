@@ -102,14 +102,17 @@ inline std::string window_note(const model_shape& m, int s, bool shifted) {
 }
 
 //! Which attention path can run stage `s` with groups of `group_size`: "CUDA kernels accept
-//! it (...)" or "CUDA kernels refuse it (reason): the CPU reference runs it".
+//! it (...), on tensor cores / on CUDA cores (...)" or "CUDA kernels refuse it (reason): the CPU
+//! reference runs it".
 inline std::string path_note(const model_shape& m, int s, index_t group_size) {
   const index_t w = m.geometry(s, false).window;
   const std::string why = cuda_attention_refusal(w, group_size, m.head_dim);
   if (why.empty())
     return "CUDA kernels accept it (window " + std::to_string(w) + " <= " + std::to_string(cuda_max_window) + ", G " +
            std::to_string(group_size) + " <= " + std::to_string(cuda_max_group) + ", head_dim " +
-           std::to_string(m.head_dim) + ")";
+           std::to_string(m.head_dim) + ")" +
+           (group_size <= cuda_mma_max_group ? ", on tensor cores (fp16/bf16, G <= " : ", on CUDA cores (G > ") +
+           std::to_string(cuda_mma_max_group) + ")";
   return "CUDA kernels refuse it (" + why + "): the CPU reference runs it";
 }
 

@@ -63,6 +63,23 @@ TEST_CASE("plan --json: exactly one object, every non-empty window in exactly on
   CHECK(testjson::parse(capped.out)["group_size"].num == 49);  // capped at sum w
 }
 
+TEST_CASE("plan --max-group: the sweep stays at or below the cap; without it the optimum lies above") {
+  // three full windows of 49 and one of 14 at C = 256: one group of 161 free; under a cap of 64
+  // the 14 tokens ride with a full window (G = 63, three groups), for both fast and paper
+  const std::vector<int> sizes = {49, 49, 49, 14};
+  const result free = run("plan --sizes 49,49,49,14 --channels 256 --json");
+  REQUIRE(free.code == 0);
+  CHECK(testjson::parse(free.out)["group_size"].num > 64);
+  for (const char* strat : {"fast", "paper"}) {
+    const result r = run(std::string("plan --sizes 49,49,49,14 --channels 256 --max-group 64 --json --strategy ") + strat);
+    REQUIRE(r.code == 0);
+    const auto j = testjson::parse(r.out);
+    check_plan_json(j, sizes);
+    CHECK(j["group_size"].num == 63);
+    CHECK(j["cost"].num >= testjson::parse(free.out)["cost"].num);
+  }
+}
+
 TEST_CASE("plan reads sizes from stdin; several lines are a batch") {
   const result one = run("plan --json", "5 9 0 3\n");
   REQUIRE(one.code == 0);
@@ -85,6 +102,8 @@ TEST_CASE("bad input: exit code 2, one line on stderr, nothing on stdout") {
       "plan --sizes 12,30 --group-size 0", "plan --sizes 3 --channels 0", "plan --sizes 3 --channels 100000000",
       "plan --sizes 3 --strategy magic", "plan --sizes 3 --bogus",  "plan --sizes 3 --json=1",
       "plan --sizes 3 --strategy single --group-size 5", "plan --sizes 99999999999",
+      "plan --sizes 49,3 --max-group 40", "plan --sizes 3 --max-group 0", "plan --sizes 3 --strategy single --max-group 8",
+      "plan --sizes 3 --group-size 9 --max-group 8",
       "simulate --model swin-x",     "simulate --masks 0",          "simulate --masks ten",
       "simulate --seed -1",          "simulate --shift 7",          "simulate --ratio 1.5",
       "simulate --ratio 1",          "simulate --curve /nonexistent-dir/x.csv --masks 1",
