@@ -18,6 +18,8 @@ struct planner_options {
   //! the plan's lower bound is over plans with such G. 0: no limit.
   index_t max_group_size = 0;
   bool table_dp = false;            //!< paper: use the literal table DP instead of the bitset form
+  // The three tuning knobs below and work_budget treat a negative value as 0 (off / no limit for
+  // work_budget); unlike G, no value of them can make a plan invalid, so none is refused.
   index_t exact_max_windows = 16;   //!< fast: exact bin packing per G up to this many windows
   index_t paper_dp_max_windows = 256;  //!< fast: also run the paper's DP per G up to this many windows
   std::int64_t search_budget = 20000;  //!< fast, <= paper_dp_max_windows windows: DFS steps (bins
