@@ -1,9 +1,12 @@
 //! \file attention_fwd.cu
 //! Forward entry points of group window attention (C ABI) and the instantiations of the forward
-//! kernels: SIMT for {fp32, fp16, bf16} x head_dim {32, 64}, MMA for {fp16, bf16} x {32, 64}.
+//! kernels: SIMT for {fp32, fp16, bf16} x head_dim {32, 64}, MMA for {fp16, bf16} x {32, 64}:
+//! one pass for G <= 64 (attention_mma.cuh; several heads per CTA at head_dim 32), query tiles of
+//! 64 slots with an online softmax over key tiles for 64 < G <= 256 (attention_fwd_mma_tiled.cuh).
 #include <greenmim/kernels.h>
 
 #include "detail/attention_checks.hpp"
+#include "detail/attention_fwd_mma_tiled.cuh"
 #include "detail/attention_mma.cuh"
 #include "detail/attention_simt.cuh"
 #include "detail/fwd_tuning.hpp"
@@ -43,10 +46,13 @@ cudaError_t check_fwd(const gm_attention_fwd_args* a, attn_dims& d, bool& use_mm
   }
   const bool vec = rows_aligned16(a->q, es) && rows_aligned16(a->k, es) && rows_aligned16(a->v, es) &&
                    rows_aligned16(a->o, es);
-  const std::size_t mma_smem = d.D == 32 ? mma_tile<32>::smem(d.bias_rows) : mma_tile<64>::smem(d.bias_rows);
-  const bool mma_ok = a->dtype != GM_FLOAT32 && a->part.group_size <= 64 && vec && mma_smem <= 48u * 1024u;
+  // tensor cores: one pass for G <= 64, query tiles for G <= 256 (both fit 48 KB for window <= 32)
+  const int G = a->part.group_size;
+  const std::size_t mma_smem = G <= 64 ? (d.D == 32 ? mma_tile<32>::smem(d.bias_rows) : mma_tile<64>::smem(d.bias_rows))
+                                       : (d.D == 32 ? mma_fwd_tiled<32>::smem(d.bias_rows) : mma_fwd_tiled<64>::smem(d.bias_rows));
+  const bool mma_ok = a->dtype != GM_FLOAT32 && G <= 256 && vec && mma_smem <= 48u * 1024u;
   if (a->algo == GM_ALGO_MMA)
-    GM_REFUSE_IF(!mma_ok, "GM_ALGO_MMA needs fp16/bf16, group_size <= 64, 16-byte aligned rows and window <= 32");
+    GM_REFUSE_IF(!mma_ok, "GM_ALGO_MMA needs fp16/bf16, group_size <= 256, 16-byte aligned rows and window <= 32");
   use_mma = a->algo == GM_ALGO_MMA || (a->algo == GM_ALGO_AUTO && mma_ok);
   return cudaSuccess;
 }
@@ -69,6 +75,13 @@ cudaError_t run_fwd(const gm_attention_fwd_args& a, const attn_dims& d, bool use
   p.vec = rows_aligned16(a.q, es) && rows_aligned16(a.k, es) && rows_aligned16(a.v, es) && rows_aligned16(a.o, es);
   if (use_mma) {
     if constexpr (!std::is_same<T, float>::value) {
+      if (a.part.group_size > 64) {  // query tiles of 64 slots, grid as the SIMT kernel's
+        p.q_tiles = d.q_tiles;
+        const dim3 grid(static_cast<unsigned>(a.part.num_groups * d.q_tiles), static_cast<unsigned>(d.H),
+                        static_cast<unsigned>(d.B));
+        return launch(attention_fwd_mma_tiled<T, D>, grid, mma_fwd_tiled<D>::THREADS, mma_fwd_tiled<D>::smem(d.bias_rows),
+                      stream, p);
+      }
       p.q_tiles = 1;
       if constexpr (D == 32) {  // several heads per CTA (head_dim 64: see fwd_heads_min_ctas)
         constexpr std::size_t smem_cap = 48u * 1024u;

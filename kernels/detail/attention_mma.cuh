@@ -119,6 +119,96 @@ struct mma16<__half> {
   }
 };
 
+//! S = Q K^T of one warp: query rows [r0, r0 + 16) of `qs` against keys [0, 8 NT) of `ks` (NT <= 8
+//! n-tiles; staged 16-bit rows of LDS elements), ldmatrix + mma, accumulator layout.
+template <class T, int D, int LDS>
+__device__ __forceinline__ void mma_scores(float (&s)[8][4], const T* qs, const T* ks, int r0, int lane, int NT) {
+  using M = mma16<T>;
+  namespace L = mma_layout;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    unsigned a[4];
+    ldmatrix_x4(a, qs + (r0 + L::a_ld_row(lane)) * LDS + kk * 16 + L::a_ld_col(lane));
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {  // pairs of key n-tiles: keys [16 np, 16 np + 16)
+      if (2 * np < NT) {
+        unsigned bk[4];
+        ldmatrix_x4(bk, ks + (np * 16 + L::bk_ld_row(lane)) * LDS + kk * 16 + L::bk_ld_col(lane));
+        M::run(s[2 * np], a, bk[0], bk[1]);
+        if (2 * np + 1 < NT) M::run(s[2 * np + 1], a, bk[2], bk[3]);
+      }
+    }
+  }
+}
+
+//! O += P V of one warp: P = the 16-bit packed accumulators `s` (keys [0, 16 KT), KT <= 4), V the
+//! staged rows of `vs` (ldmatrix.trans), O in the accumulator layout (DT = head_dim / 8 n-tiles).
+template <class T, int DT, int LDS>
+__device__ __forceinline__ void mma_pv(float (&o)[DT][4], const float (&s)[8][4], const T* vs, int lane, int KT) {
+  using M = mma16<T>;
+  namespace L = mma_layout;
+#pragma unroll
+  for (int kc = 0; kc < 4; ++kc) {
+    if (kc < KT) {
+      unsigned a[4];
+      L::acc_to_a(s[2 * kc], s[2 * kc + 1], a, [](float lo, float hi) { return M::pack(lo, hi); });
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {  // pairs of output n-tiles: dims [16 dp, 16 dp + 16)
+        unsigned bv[4];
+        ldmatrix_x4_trans(bv, vs + (kc * 16 + L::bv_ld_row(lane)) * LDS + dp * 16 + L::bv_ld_col(lane));
+        M::run(o[2 * dp], a, bv[0], bv[1]);
+        M::run(o[2 * dp + 1], a, bv[2], bv[3]);
+      }
+    }
+  }
+}
+
+//! Scale, bias and the exact block-diagonal mask of one warp's score tile, in place: key column c
+//! is slot x0 + c, masked from slot `xend` on; the lane's rows lie in windows wa, wb at coordinates
+//! ca, cb. Pairs of other windows and padding are SELECTED to -inf (a NaN in their q.k vanishes);
+//! a relative position outside the table gives a NaN bias. Returns the lane's part of each row's
+//! maximum (fmaxf drops NaN: a NaN score still yields a NaN probability).
+__device__ __forceinline__ void mask_scores(float (&s)[8][4], float& ma, float& mb, const index_t* win, const index_t* crd,
+                                            int x0, int xend, index_t wa, index_t wb, index_t ca, index_t cb,
+                                            const table2f& bias, const float* bias_s, float scale, int window,
+                                            int lane) {
+  namespace L = mma_layout;
+  const bool with_bias = bias.data != nullptr;
+  auto staged_bias = [&](index_t cq, index_t ck) {
+    if (!with_bias) return 0.f;
+    const int r = pair_bucket(cq, ck, window, bias.rows);
+    return r >= 0 ? bias_s[r] : __int_as_float(0x7fc00000);
+  };
+  ma = mb = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int x = x0 + nt * 8 + L::acc_col(lane, e);
+      const index_t wc = x < xend ? win[x] : pad_index, cc = x < xend ? crd[x] : 0;
+      float va = -INFINITY, vb = -INFINITY;
+      if (attends(wa, wc)) va = s[nt][e] * scale + staged_bias(ca, cc);
+      if (attends(wb, wc)) vb = s[nt][2 + e] * scale + staged_bias(cb, cc);
+      s[nt][e] = va;
+      s[nt][2 + e] = vb;
+      ma = fmaxf(ma, va);
+      mb = fmaxf(mb, vb);
+    }
+  }
+}
+
+//! Max / sum over the 4 lanes (a quad) that hold one accumulator row, fixed order.
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(full_mask, v, 1));
+  return fmaxf(v, __shfl_xor_sync(full_mask, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(full_mask, v, 1);
+  return v + __shfl_xor_sync(full_mask, v, 2);
+}
+
 //! Exact per-pair fallback (non-finite V in the group): 2 threads per query row, each producing
 //! half of the row's head_dim outputs; online softmax over attending keys only.
 template <class T, int D>
@@ -168,7 +258,6 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS) attention_fwd_mma(const 
   using M = mma16<T>;
   constexpr int LDS = C::LDS, CH = C::CH, ROWS = C::ROWS;
   constexpr int DT = D / 8;    // n-tiles of the output
-  constexpr int KS = D / 16;   // k-steps of Q K^T
   GM_DYNAMIC_SMEM(smem_f4);
   T* qs = reinterpret_cast<T*>(smem_f4);
   T* ks = qs + ROWS * LDS;
@@ -231,62 +320,16 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS) attention_fwd_mma(const 
 
   // ---- S = Q K^T ----------------------------------------------------------------------------
   float s[8][4];
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < KS; ++kk) {
-    unsigned a[4];
-    ldmatrix_x4(a, qs + (r0 + L::a_ld_row(lane)) * LDS + kk * 16 + L::a_ld_col(lane));
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {  // pairs of key n-tiles: keys [16 np, 16 np + 16)
-      if (2 * np < NT) {
-        unsigned bk[4];
-        ldmatrix_x4(bk, ks + (np * 16 + L::bk_ld_row(lane)) * LDS + kk * 16 + L::bk_ld_col(lane));
-        M::run(s[2 * np], a, bk[0], bk[1]);
-        if (2 * np + 1 < NT) M::run(s[2 * np + 1], a, bk[2], bk[3]);
-      }
-    }
-  }
+  mma_scores<T, D, LDS>(s, qs, ks, r0, lane, NT);
 
   // ---- scale, bias, exact mask, row softmax ---------------------------------------------------
   const int ra = r0 + L::acc_row(lane, 0), rb = r0 + L::acc_row(lane, 2);  // the two rows this lane holds
   const index_t wa = win[ra], wb = win[rb];
   const index_t ca = crd[ra], cb = crd[rb];
-  const bool with_bias = p.bias.data != nullptr;
-  float ma = -INFINITY, mb = -INFINITY;
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int c = nt * 8 + L::acc_col(lane, e);
-      const index_t wc = win[c], cc = crd[c];
-      float va = -INFINITY, vb = -INFINITY;
-      if (attends(wa, wc)) {
-        float bias = 0.f;
-        if (with_bias) {
-          const int r = pair_bucket(ca, cc, p.window, p.bias.rows);
-          bias = r >= 0 ? bias_s[r] : __int_as_float(0x7fc00000);
-        }
-        va = s[nt][e] * p.scale + bias;
-      }
-      if (attends(wb, wc)) {
-        float bias = 0.f;
-        if (with_bias) {
-          const int r = pair_bucket(cb, cc, p.window, p.bias.rows);
-          bias = r >= 0 ? bias_s[r] : __int_as_float(0x7fc00000);
-        }
-        vb = s[nt][2 + e] * p.scale + bias;
-      }
-      s[nt][e] = va;
-      s[nt][2 + e] = vb;
-      ma = fmaxf(ma, va);  // fmaxf drops NaN: a NaN score still yields a NaN probability below
-      mb = fmaxf(mb, vb);
-    }
-  }
-  ma = fmaxf(ma, __shfl_xor_sync(full_mask, ma, 1));
-  ma = fmaxf(ma, __shfl_xor_sync(full_mask, ma, 2));
-  mb = fmaxf(mb, __shfl_xor_sync(full_mask, mb, 1));
-  mb = fmaxf(mb, __shfl_xor_sync(full_mask, mb, 2));
+  float ma, mb;
+  mask_scores(s, ma, mb, win, crd, 0, ROWS, wa, wb, ca, cb, p.bias, bias_s, p.scale, p.window, lane);
+  ma = quad_max(ma);
+  mb = quad_max(mb);
   const float ba = ma == -INFINITY ? 0.f : ma;  // padding row: every p is exp(-inf) = 0
   const float bb = mb == -INFINITY ? 0.f : mb;
   float la = 0.f, lb = 0.f;
@@ -300,30 +343,14 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS) attention_fwd_mma(const 
       lb += s[nt][2 + e];
     }
   }
-  la += __shfl_xor_sync(full_mask, la, 1);
-  la += __shfl_xor_sync(full_mask, la, 2);
-  lb += __shfl_xor_sync(full_mask, lb, 1);
-  lb += __shfl_xor_sync(full_mask, lb, 2);
+  la = quad_sum(la);
+  lb = quad_sum(lb);
 
   // ---- O = P V ------------------------------------------------------------------------------
   float o[DT][4];
 #pragma unroll
   for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
-  const int KT = (G + 15) / 16;  // 16-key chunks in use
-#pragma unroll
-  for (int kc = 0; kc < 4; ++kc) {
-    if (kc < KT) {
-      unsigned a[4];
-      L::acc_to_a(s[2 * kc], s[2 * kc + 1], a, [](float lo, float hi) { return M::pack(lo, hi); });
-#pragma unroll
-      for (int dp = 0; dp < DT / 2; ++dp) {  // pairs of output n-tiles: dims [16 dp, 16 dp + 16)
-        unsigned bv[4];
-        ldmatrix_x4_trans(bv, vs + (kc * 16 + L::bv_ld_row(lane)) * LDS + dp * 16 + L::bv_ld_col(lane));
-        M::run(o[2 * dp], a, bv[0], bv[1]);
-        M::run(o[2 * dp + 1], a, bv[2], bv[3]);
-      }
-    }
-  }
+  mma_pv<T, DT, LDS>(o, s, vs, lane, (G + 15) / 16);  // 16-key chunks in use
 
   // ---- epilogue: O / l through the warp's own Q rows, 16-byte stores ----------------------------
   const float ia = 1.f / la, ib = 1.f / lb;
@@ -391,7 +418,6 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS, fwd_heads_min_ctas()) at
   using M = mma16<T>;
   constexpr int LDS = C::LDS, CH = C::CH, ROWS = C::ROWS;
   constexpr int DT = D / 8;    // n-tiles of the output
-  constexpr int KS = D / 16;   // k-steps of Q K^T
   constexpr int LOADS = ROWS * CH / C::THREADS;  // 16-byte chunks per thread and tensor
   GM_DYNAMIC_SMEM(smem_f4);
   T* qs = reinterpret_cast<T*>(smem_f4);
@@ -500,22 +526,7 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS, fwd_heads_min_ctas()) at
 
     // ---- S = Q K^T ------------------------------------------------------------------------------
     float s[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-      unsigned a[4];
-      ldmatrix_x4(a, qs + (r0 + L::a_ld_row(lane)) * LDS + kk * 16 + L::a_ld_col(lane));
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (2 * np < NT) {
-          unsigned bk[4];
-          ldmatrix_x4(bk, ks + (np * 16 + L::bk_ld_row(lane)) * LDS + kk * 16 + L::bk_ld_col(lane));
-          M::run(s[2 * np], a, bk[0], bk[1]);
-          if (2 * np + 1 < NT) M::run(s[2 * np + 1], a, bk[2], bk[3]);
-        }
-      }
-    }
+    mma_scores<T, D, LDS>(s, qs, ks, r0, lane, NT);
 
     // ---- scale, bias, exact mask (from the codes), row softmax ---------------------------------
     float ma = -INFINITY, mb = -INFINITY;
@@ -540,10 +551,8 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS, fwd_heads_min_ctas()) at
         mb = fmaxf(mb, vb);
       }
     }
-    ma = fmaxf(ma, __shfl_xor_sync(full_mask, ma, 1));
-    ma = fmaxf(ma, __shfl_xor_sync(full_mask, ma, 2));
-    mb = fmaxf(mb, __shfl_xor_sync(full_mask, mb, 1));
-    mb = fmaxf(mb, __shfl_xor_sync(full_mask, mb, 2));
+    ma = quad_max(ma);
+    mb = quad_max(mb);
     const float ba = ma == -INFINITY ? 0.f : ma;
     const float bb = mb == -INFINITY ? 0.f : mb;
     float la = 0.f, lb = 0.f;
@@ -557,29 +566,14 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS, fwd_heads_min_ctas()) at
         lb += s[nt][2 + e];
       }
     }
-    la += __shfl_xor_sync(full_mask, la, 1);
-    la += __shfl_xor_sync(full_mask, la, 2);
-    lb += __shfl_xor_sync(full_mask, lb, 1);
-    lb += __shfl_xor_sync(full_mask, lb, 2);
+    la = quad_sum(la);
+    lb = quad_sum(lb);
 
     // ---- O = P V ----------------------------------------------------------------------------------
     float o[DT][4];
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
-#pragma unroll
-    for (int kc = 0; kc < 4; ++kc) {
-      if (kc < KT) {
-        unsigned a[4];
-        L::acc_to_a(s[2 * kc], s[2 * kc + 1], a, [](float lo, float hi) { return M::pack(lo, hi); });
-#pragma unroll
-        for (int dp = 0; dp < DT / 2; ++dp) {
-          unsigned bv[4];
-          ldmatrix_x4_trans(bv, vs + (kc * 16 + L::bv_ld_row(lane)) * LDS + dp * 16 + L::bv_ld_col(lane));
-          M::run(o[2 * dp], a, bv[0], bv[1]);
-          M::run(o[2 * dp + 1], a, bv[2], bv[3]);
-        }
-      }
-    }
+    mma_pv<T, DT, LDS>(o, s, vs, lane, KT);
 
     // ---- epilogue: O / l through the warp's own Q rows, 16-byte stores ------------------------------
     const float ia = 1.f / la, ib = 1.f / lb;

@@ -30,8 +30,8 @@ gm_tensor t4(void* p, std::int64_t B, std::int64_t N, std::int64_t H, std::int64
 
 //! Forward, backward (with d(bias)) and partition/unpartition of one random problem; inputs are
 //! a function of `seed` only, so two calls differ only by the emulator's schedule. `algo` picks
-//! the forward and the backward; `nan` puts a NaN into one k and one d_o element (the tensor-core
-//! backward's exact fallback then runs in the CTAs that hold them).
+//! the forward and the backward; `nan` puts a NaN into one k, one v and one d_o element (the
+//! tensor-core forward's and backward's exact fallbacks then run in the CTAs that hold them).
 outputs run_all(const problem& prob, gm_dtype dt, std::int64_t H, std::int64_t D, gm_algo algo, std::uint64_t seed,
                 bool nan = false) {
   std::mt19937_64 rng(seed);
@@ -47,6 +47,7 @@ outputs run_all(const problem& prob, gm_dtype dt, std::int64_t H, std::int64_t D
   htensor hq = random_tensor(n), hk = random_tensor(n), hv = random_tensor(n), hdo = random_tensor(n);
   if (nan) {
     hk.set(n / 2, NAN);
+    hv.set(n / 5 + 3, NAN);
     hdo.set(n / 3 + 5, NAN);
   }
   std::vector<float> bias(static_cast<std::size_t>(R * H)), dbias0(bias.size());
@@ -158,10 +159,11 @@ TEST_CASE("emulated kernels: bitwise identical under every thread schedule (no r
   // backward on 16-bit data
   configs.push_back({shared_mask_problem(rng, 28, 7, 3, 1, fast, 0, 64), GM_BFLOAT16, 2, 32, GM_ALGO_MMA, true});
   configs.push_back({shared_mask_problem(rng, 28, 7, 3, 1), GM_FLOAT16, 1, 32, GM_ALGO_SIMT});
-  // G > 64: the tiled tensor-core backward (the forward takes SIMT under AUTO), also its exact
-  // fallback
+  // 64 < G <= 256: the tiled tensor-core forward and backward (AUTO takes them), also their
+  // exact fallbacks (non-finite v / k / d_o); Swin V2's window 16 (per-sample, shifted) on MMA
   configs.push_back({shared_mask_problem(rng, 28, 14, 7, 1, greenmim::strategy::single), GM_BFLOAT16, 1, 64, GM_ALGO_AUTO});
   configs.push_back({shared_mask_problem(rng, 28, 14, 7, 1, greenmim::strategy::single), GM_FLOAT16, 2, 32, GM_ALGO_AUTO, true});
+  configs.push_back({per_sample_problem(rng, 32, 16, 8, 1, 0.5, fast, 256), GM_BFLOAT16, 1, 32, GM_ALGO_MMA});
   for (const config& c : configs) {
     INFO(c.prob.name << " dtype " << gm_dtype_name(c.dt) << " H " << c.H << " D " << c.D << " algo " << static_cast<int>(c.algo));
     const std::uint64_t inputs = rng();

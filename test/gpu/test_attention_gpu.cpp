@@ -291,9 +291,11 @@ fwd_out cpu_forward(const attn_setup& s, const std::vector<double>& q, const std
 }
 #endif
 
+//! The forward's algorithms: the tensor-core one takes fp16/bf16 and G <= 256 (one pass up to
+//! 64, query tiles above).
 std::vector<gm_algo> algos_for(gm_dtype dt, index_t G) {
   std::vector<gm_algo> a = {GM_ALGO_AUTO, GM_ALGO_SIMT, GM_ALGO_MMA};
-  if (dt == GM_FLOAT32 || G > 64) a.pop_back();  // (not push_back: GCC 12 -Warray-bounds false positive)
+  if (dt == GM_FLOAT32 || G > 256) a.pop_back();  // (not push_back: GCC 12 -Warray-bounds false positive)
   return a;
 }
 
@@ -305,11 +307,17 @@ void check_forward(const problem& prob, gm_dtype dt, std::int64_t H, std::int64_
   device_partition dp(prob.part);
   attn_setup s = make_setup(prob, dt, H, D, packed, with_bias, rng);
   const fwd_out want = cpu_forward(s, s.q, s.k, s.v);
+  fwd_out auto_out;  // AUTO's result, to check which kernel it picked
   for (gm_algo algo : algos_for(dt, prob.part.group_size)) {
     INFO("algo " << std::string(algo_name(algo)));
     const fwd_out got = gpu_forward(s, dp, algo);
     compare(got.o, want.o, tolerance(dt), "o");
     compare(got.lse, want.lse, dt == GM_FLOAT32 ? 1e-5 : 1e-3, "lse");
+    if (algo == GM_ALGO_AUTO) auto_out = got;
+    if (algo == GM_ALGO_MMA) {  // AUTO runs the tensor-core kernels wherever they apply
+      CHECK(got.o == auto_out.o);
+      CHECK(got.lse == auto_out.lse);
+    }
   }
 #else
   (void)prob; (void)dt; (void)H; (void)D; (void)packed; (void)with_bias; (void)rng;
@@ -360,28 +368,41 @@ TEST_CASE("gpu attention forward: unaligned rows take the element-wise path; lse
   const std::uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
+  // window 7 (the one-pass tensor-core forward) and window 14 in one group of ~200 slots (its
+  // query tiles)
   const problem prob = shared_mask_problem(rng, 28, 7, 3, 2);
-  device_partition dp(prob.part);
-  for (gm_dtype dt : {GM_FLOAT32, GM_FLOAT16, GM_BFLOAT16}) {
-    INFO("dtype " << gm_dtype_name(dt));
-    attn_setup s = make_setup(prob, dt, 2, 32, false, true, rng);
-    const fwd_out want = cpu_forward(s, s.q, s.k, s.v);
-    // o starts one element past a 16-byte boundary: AUTO must fall back to SIMT, MMA must refuse
-    const fwd_out got = gpu_forward(s, dp, GM_ALGO_AUTO, 1, false);
-    compare(got.o, want.o, tolerance(dt), "o (unaligned)");
-    if (dt != GM_FLOAT32) {
-      gm_attention_fwd_args a{};
-      a.dtype = dt;
-      a.q = s.tq();
-      a.k = s.tk();
-      a.v = s.tv();
-      dbuf<unsigned char> o(static_cast<std::size_t>(s.B * s.N * s.H * s.D + 8) * 2);
-      a.o = tensor_of(o.p, dt, [&] { layout l = contiguous(s.B, s.N, s.H, s.D); l.offset = 1; return l; }(), 4);
-      a.bias_table = s.tbias();
-      a.part = dp.c();
-      a.window = s.window;
-      a.algo = GM_ALGO_MMA;
-      CHECK(gm_attention_fwd(&a, nullptr) == cudaErrorInvalidValue);
+  const problem big = shared_mask_problem(rng, 28, 14, 7, 1, greenmim::strategy::single);
+  for (const problem* pr : {&prob, &big}) {
+    INFO(pr->name);
+    device_partition dp(pr->part);
+    for (gm_dtype dt : {GM_FLOAT32, GM_FLOAT16, GM_BFLOAT16}) {
+      if (pr == &big && dt != GM_BFLOAT16) continue;
+      INFO("dtype " << gm_dtype_name(dt));
+      attn_setup s = make_setup(*pr, dt, 2, 32, false, true, rng);
+      const fwd_out want = cpu_forward(s, s.q, s.k, s.v);
+      // o starts one element past a 16-byte boundary: AUTO must fall back to SIMT, MMA must refuse
+      const fwd_out got = gpu_forward(s, dp, GM_ALGO_AUTO, 1, false);
+      compare(got.o, want.o, tolerance(dt), "o (unaligned)");
+      if (dt != GM_FLOAT32) {
+        gm_attention_fwd_args a{};
+        a.dtype = dt;
+        a.q = s.tq();
+        a.k = s.tk();
+        a.v = s.tv();
+        dbuf<unsigned char> o(static_cast<std::size_t>(s.B * s.N * s.H * s.D + 8) * 2);
+        a.o = tensor_of(o.p, dt, [&] { layout l = contiguous(s.B, s.N, s.H, s.D); l.offset = 1; return l; }(), 4);
+        a.bias_table = s.tbias();
+        a.part = dp.c();
+        a.window = s.window;
+        a.algo = GM_ALGO_MMA;
+        CHECK(gm_attention_fwd_can_implement(&a) == cudaErrorInvalidValue);
+        CHECK(gm_attention_fwd(&a, nullptr) == cudaErrorInvalidValue);
+        // aligned: accepted (G <= 256); the same with G = 257 (checked, never launched): refused
+        a.o = tensor_of(o.p, dt, contiguous(s.B, s.N, s.H, s.D), 4);
+        CHECK(gm_attention_fwd_can_implement(&a) == cudaSuccess);
+        a.part.group_size = 257;
+        CHECK(gm_attention_fwd_can_implement(&a) == cudaErrorInvalidValue);
+      }
     }
   }
 #endif
@@ -394,44 +415,101 @@ TEST_CASE("gpu attention forward: NaN propagates within its window only") {
   const std::uint64_t seed = fresh_seed();
   INFO("seed " << seed);
   std::mt19937_64 rng(seed);
-  // a plan whose groups hold several windows, so that isolation inside a group is exercised
-  const problem prob = shared_mask_problem(rng, 28, 7, 3, 2, greenmim::strategy::fast, 49);
-  device_partition dp(prob.part);
-  // pick a token whose group holds at least two windows
-  index_t victim = 0;
-  for (index_t g = 0; g < prob.part.num_groups; ++g) {
-    const index_t G = prob.part.group_size;
-    index_t first = prob.part.slot_window[static_cast<std::size_t>(g) * G];
-    bool several = false;
-    for (index_t i = 0; i < G; ++i) {
-      const index_t w = prob.part.slot_window[static_cast<std::size_t>(g) * G + i];
-      several = several || (w >= 0 && w != first);
+  // a plan whose groups hold several windows, so that isolation inside a group is exercised; and
+  // windows of 14, shifted, in one group of ~200 slots (the tensor-core query tiles: a NaN in v
+  // sends the key tile that holds it through the exact per-pair path)
+  const problem small = shared_mask_problem(rng, 28, 7, 3, 2, greenmim::strategy::fast, 49);
+  const problem big = shared_mask_problem(rng, 28, 14, 7, 2, greenmim::strategy::single);
+  struct nan_case {
+    const problem* prob;
+    std::vector<gm_dtype> dtypes;
+  };
+  for (const nan_case& c : {nan_case{&small, {GM_FLOAT32, GM_BFLOAT16}}, nan_case{&big, {GM_FLOAT16}}}) {
+    const problem& prob = *c.prob;
+    INFO(prob.name);
+    device_partition dp(prob.part);
+    // pick a token whose group holds at least two windows
+    index_t victim = -1;
+    for (index_t g = 0; g < prob.part.num_groups && victim < 0; ++g) {
+      const index_t G = prob.part.group_size;
+      const index_t first = prob.part.slot_window[static_cast<std::size_t>(g) * G];
+      bool several = false;
+      for (index_t i = 0; i < G; ++i) {
+        const index_t w = prob.part.slot_window[static_cast<std::size_t>(g) * G + i];
+        several = several || (w >= 0 && w != first);
+      }
+      if (several) victim = prob.part.gather[static_cast<std::size_t>(g) * G];
     }
-    if (several) {
-      victim = prob.part.gather[static_cast<std::size_t>(g) * G];
-      break;
-    }
-  }
-  for (gm_dtype dt : {GM_FLOAT32, GM_BFLOAT16}) {
-    for (int which : {0, 1, 2}) {  // NaN in q, k or v of the victim token (sample 1, head 0, dim 3)
-      INFO("dtype " << gm_dtype_name(dt) << " NaN in " << std::string(1, "qkv"[which]));
-      attn_setup s = make_setup(prob, dt, 2, 32, false, true, rng);
-      htensor& hs = which == 0 ? s.hq : which == 1 ? s.hk : s.hv;
-      std::vector<double>& vals = which == 0 ? s.q : which == 1 ? s.k : s.v;
-      write_value(hs, which == 0 ? s.lq : which == 1 ? s.lk : s.lv, 1, victim, 0, 3, NAN, vals);
-      s.upload();
-      const fwd_out want = cpu_forward(s, s.q, s.k, s.v);
-      std::int64_t nan_rows = 0;
-      for (double x : want.o) nan_rows += std::isnan(x);
-      CHECK(nan_rows > 0);
-      for (gm_algo algo : algos_for(dt, prob.part.group_size)) {
-        INFO("algo " << std::string(algo_name(algo)));
-        const fwd_out got = gpu_forward(s, dp, algo, 0, true, true);
-        compare(got.o, want.o, tolerance(dt), "o");
-        compare(got.lse, want.lse, dt == GM_FLOAT32 ? 1e-5 : 1e-3, "lse");
+    REQUIRE(victim >= 0);
+    for (gm_dtype dt : c.dtypes) {
+      for (int which : {0, 1, 2}) {  // NaN in q, k or v of the victim token (sample 1, head 0, dim 3)
+        INFO("dtype " << gm_dtype_name(dt) << " NaN in " << std::string(1, "qkv"[which]));
+        attn_setup s = make_setup(prob, dt, 2, 32, false, true, rng);
+        htensor& hs = which == 0 ? s.hq : which == 1 ? s.hk : s.hv;
+        std::vector<double>& vals = which == 0 ? s.q : which == 1 ? s.k : s.v;
+        write_value(hs, which == 0 ? s.lq : which == 1 ? s.lk : s.lv, 1, victim, 0, 3, NAN, vals);
+        s.upload();
+        const fwd_out want = cpu_forward(s, s.q, s.k, s.v);
+        std::int64_t nan_rows = 0, finite_rows = 0;
+        for (double x : want.o) (std::isnan(x) ? nan_rows : finite_rows) += 1;
+        CHECK(nan_rows > 0);
+        CHECK(finite_rows > 0);
+        for (gm_algo algo : algos_for(dt, prob.part.group_size)) {
+          INFO("algo " << std::string(algo_name(algo)));
+          const fwd_out got = gpu_forward(s, dp, algo, 0, true, true);
+          compare(got.o, want.o, tolerance(dt), "o");
+          compare(got.lse, want.lse, dt == GM_FLOAT32 ? 1e-5 : 1e-3, "lse");
+        }
       }
     }
   }
+#endif
+}
+
+TEST_CASE("gpu attention forward: tensor-core query tiles for 64 < G <= 256 (windows 12, 14, 16)") {
+  GM_SKIP_WITHOUT_DEVICE();
+  GM_SKIP_WITHOUT_REFERENCE();
+#if GM_HAVE_REFERENCE
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::mt19937_64 rng(seed);
+  const auto fast = greenmim::strategy::fast, single = greenmim::strategy::single;
+  // window 14, shifted, one group of every visible token (~200: four query tiles, the last one
+  // partial, several windows per tile)
+  const problem w14_shift = shared_mask_problem(rng, 28, 14, 7, 2, single);
+  // Swin-B window 14 stage 1: groups of a fixed 200 slots (not a multiple of 16) holding several
+  // windows each, and of exactly 256
+  const problem w14_g200 = shared_mask_problem(rng, 56, 14, 0, 1, fast, 200);
+  const problem w14_g256 = shared_mask_problem(rng, 56, 14, 7, 1, fast, 256);
+  // Swin V2 windows 16 and 12 (per-sample flat layout, shifted): half the tokens kept, so every
+  // window of 16 holds ~128 and the planner's G lies in (64, 256]
+  const problem w16 = per_sample_problem(rng, 32, 16, 8, 2, 0.5, fast, 256);
+  const problem w12 = per_sample_problem(rng, 24, 12, 6, 3, 0.6, fast, 256);
+  for (const problem* pr : {&w14_shift, &w14_g200, &w14_g256, &w16, &w12}) {
+    INFO(pr->name);
+    REQUIRE(pr->part.group_size > 64);
+    REQUIRE(pr->part.group_size <= 256);
+  }
+  CHECK(w14_g200.part.group_size == 200);
+  CHECK(w14_g256.part.group_size == 256);
+  check_forward(w14_shift, GM_BFLOAT16, 2, 32, true, true, rng);
+  check_forward(w14_shift, GM_FLOAT16, 1, 64, false, false, rng);  // no bias table
+  check_forward(w14_g200, GM_BFLOAT16, 1, 64, false, true, rng);
+  check_forward(w14_g256, GM_FLOAT16, 1, 32, false, true, rng);
+  check_forward(w16, GM_FLOAT16, 2, 32, false, true, rng);
+  check_forward(w16, GM_BFLOAT16, 1, 64, true, true, rng);
+  check_forward(w12, GM_BFLOAT16, 2, 32, false, true, rng);
+
+  // no lse requested (gpu_forward checks that the poisoned lse buffer stays untouched), and the
+  // same o as with lse
+  device_partition dp(w16.part);
+  attn_setup s = make_setup(w16, GM_BFLOAT16, 1, 32, false, true, rng);
+  const fwd_out want = cpu_forward(s, s.q, s.k, s.v);
+  const fwd_out with_lse = gpu_forward(s, dp, GM_ALGO_MMA);
+  const fwd_out no_lse = gpu_forward(s, dp, GM_ALGO_MMA, 0, false);
+  compare(no_lse.o, want.o, tolerance(GM_BFLOAT16), "o (no lse)");
+  CHECK(no_lse.o == with_lse.o);
+  // (unaligned rows and G > 256: the case "unaligned rows take the element-wise path" above)
 #endif
 }
 
@@ -712,8 +790,8 @@ TEST_CASE("gpu attention backward: tensor-core shapes (G not a multiple of 16, 1
 }
 
 // Small and quick: the subset run under compute-sanitizer (memcheck, racecheck, synccheck,
-// initcheck) by bench/gpu/run.sh. Covers the SIMT and MMA forwards (with the non-finite
-// fallback), the SIMT and tensor-core backwards (one pass, and tiled for G > 64) with dbias,
+// initcheck) by bench/gpu/run.sh. Covers the SIMT and MMA forwards (one pass with the non-finite
+// fallback, and tiled for G > 64), the SIMT and tensor-core backwards (one pass, and tiled for G > 64) with dbias,
 // partition/unpartition is covered by its own small cases.
 TEST_CASE("gpu attention smoke: small problem, every path") {
   GM_SKIP_WITHOUT_DEVICE();
@@ -726,6 +804,7 @@ TEST_CASE("gpu attention smoke: small problem, every path") {
   check_forward(small, GM_BFLOAT16, 1, 32, true, true, rng);
   check_forward(small, GM_FLOAT16, 1, 64, false, true, rng);
   check_forward(big, GM_FLOAT32, 1, 32, false, true, rng);
+  check_forward(big, GM_BFLOAT16, 1, 64, false, true, rng);  // tensor-core query tiles (G > 64)
   check_backward(small, GM_BFLOAT16, 1, 64, false, rng);
   check_backward(big, GM_FLOAT32, 1, 32, true, rng);
   check_backward(big, GM_BFLOAT16, 1, 32, false, rng);

@@ -126,7 +126,7 @@ TEST_CASE("kernels ABI: forward can_implement accepts good arguments and refuses
       {"null slot_coord with bias", [](gm_attention_fwd_args& a) { a.part.slot_coord = nullptr; }},
       {"scale NaN", [](gm_attention_fwd_args& a) { a.scale = NAN; }},
       {"batch > 65535", [](gm_attention_fwd_args& a) { a.q.extent[0] = a.k.extent[0] = a.v.extent[0] = a.o.extent[0] = a.lse.extent[0] = 70000; }},
-      {"MMA with G > 64", [](gm_attention_fwd_args& a) { a.algo = GM_ALGO_MMA; a.part.group_size = 65; }},
+      {"MMA with G > 256", [](gm_attention_fwd_args& a) { a.algo = GM_ALGO_MMA; a.part.group_size = 257; }},
       {"MMA with unaligned rows", [](gm_attention_fwd_args& a) { a.algo = GM_ALGO_MMA; a.o.data = static_cast<char*>(a.o.data) + 2; }},
   };
   for (const mutation& m : bad) {
@@ -150,6 +150,13 @@ TEST_CASE("kernels ABI: forward can_implement accepts good arguments and refuses
   gm_attention_fwd_args mma = good_fwd(GM_FLOAT16);
   mma.algo = GM_ALGO_MMA;
   CHECK(gm_attention_fwd_can_implement(&mma) == cudaSuccess);
+  for (int g : {64, 65, 144, 256}) {  // one pass up to 64, query tiles up to 256
+    INFO("MMA with G " << g);
+    gm_attention_fwd_args big = good_fwd(GM_BFLOAT16);
+    big.algo = GM_ALGO_MMA;
+    big.part.group_size = g;
+    CHECK(gm_attention_fwd_can_implement(&big) == cudaSuccess);
+  }
 }
 
 TEST_CASE("kernels ABI: backward can_implement, workspace size, refusals") {
@@ -327,7 +334,9 @@ TEST_CASE("kernels C++ header: views convert to the C descriptors") {
   CHECK(c.bias_table.data == nullptr);
   a.alg = gk::algo::mma;
   CHECK(gk::can_implement(a) == cudaSuccess);
-  a.part.group_size = 100;
+  a.part.group_size = 100;  // the tensor-core query tiles
+  CHECK(gk::can_implement(a) == cudaSuccess);
+  a.part.group_size = 257;
   CHECK(gk::can_implement(a) == cudaErrorInvalidValue);
 
   // window_slot_table: offsets are the sums of the sizes before each window in its group

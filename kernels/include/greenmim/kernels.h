@@ -51,8 +51,9 @@ typedef enum gm_dtype GM_ENUM_BASE {
  *  arguments. SIMT: CUDA-core kernels, any dtype, G <= GM_SIMT_MAX_GROUP. MMA: tensor-core
  *  (mma.sync m16n8k16) kernels, fp16/bf16, head_dim 32/64, 16-byte aligned rows (for the
  *  backward: of q, k, v, o, d_o, dq, dk, dv), shared memory within the device's limit, and
- *  G <= 64 (forward) or G <= 256 (backward: one pass up to 64, two tiled kernels above);
- *  refused otherwise (gm_last_refusal says why). Forward and backward choose independently. */
+ *  G <= 256 (forward: one pass up to 64, 64-slot query tiles above; backward: one pass up to
+ *  64, two tiled kernels above); refused otherwise (gm_last_refusal says why). AUTO takes MMA
+ *  wherever it applies, else SIMT. Forward and backward choose independently. */
 typedef enum gm_algo GM_ENUM_BASE {
   GM_ALGO_AUTO = 0,
   GM_ALGO_SIMT = 1,
