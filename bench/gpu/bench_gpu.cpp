@@ -1,5 +1,7 @@
 // greenmim_gpu_bench: times the greenmim CUDA kernels on Swin-B stage 1-3 shapes (batch 128 by
-// default, bf16, window 7, plain and shifted blocks), next to the two ceilings measured on the
+// default, bf16, window 7, plain and shifted blocks) and on the stage 1 of two large-window models
+// (Swin-B window 14 at 224 px; Swin V2-B window 16 at 256 px: groups of 64 < G <= 256, the
+// tensor-core forward's query tiles), next to the two ceilings measured on the
 // same device: a large device-to-device cudaMemcpy (bandwidth, bytes read + written) and, when
 // cuBLAS is available, a large bf16 GEMM (tensor-core rate).
 //
@@ -10,11 +12,13 @@
 // path where it applies, and the SIMT path), partition (gather) and unpartition (scatter) of
 // [B, N, C] features; the bytes each must move at least (each input
 // read once, each output written once), the achieved bandwidth over those bytes, and the floor
-// = max(bytes / copy bandwidth, useful FLOPs / GEMM rate). It also writes each stage's partition
-// as JSON for bench/gpu/torch_bench.py, so that the PyTorch paths run on the same groups.
+// = max(bytes / copy bandwidth, useful FLOPs / GEMM rate). It also writes each window-7 stage's
+// partition as JSON for bench/gpu/torch_bench.py, so that the PyTorch paths run on the same groups.
 //
 // Usage: greenmim_gpu_bench [--batch 128] [--reps 30] [--warmup 5] [--seed N] [--csv FILE]
-//                           [--json-dir DIR] [--stages 1,2,3] [--copy-mb 1024]
+//                           [--json-dir DIR] [--stages 1,2,3] [--windows 7,14,16] [--copy-mb 1024]
+// (--windows 14 and 16 have a stage 1 only; the emulated build's default is 7,16, plain blocks only
+// for 16)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -55,6 +59,13 @@ struct options {
   std::uint64_t seed = 0;
   std::string csv, json_dir;
   std::vector<int> stages = {1, 2, 3};
+#if defined(GREENMIM_CUDA_EMULATION)
+  // the emulated build is a harness check (ctest gpu_bench_emulated, CI time): one large window,
+  // its plain block only (see the shift loop)
+  std::vector<int> windows = {7, 16};
+#else
+  std::vector<int> windows = {7, 14, 16};
+#endif
 };
 
 options parse(int argc, char** argv) {
@@ -81,6 +92,14 @@ options parse(int argc, char** argv) {
       const std::string s = next();
       for (char c : s)
         if (c >= '1' && c <= '3') o.stages.push_back(c - '0');
+    } else if (a == "--windows") {
+      o.windows.clear();
+      const std::string s = next();
+      for (std::size_t at = 0; at < s.size();) {
+        const std::size_t end = std::min(s.find(',', at), s.size());
+        o.windows.push_back(std::atoi(s.substr(at, end - at).c_str()));
+        at = end + 1;
+      }
     } else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       std::exit(2);
@@ -130,14 +149,18 @@ double gemm_rate(int reps) {
 }
 
 struct stage_shape {
-  int stage, grid, channels, heads;
+  int stage, grid, channels, heads, window, image;  // image: pixels (mask units of 32 px)
 };
-constexpr stage_shape swin_b[] = {{1, 56, 128, 4}, {2, 28, 256, 8}, {3, 14, 512, 16}};
-constexpr int head_dim = 32, window = 7;
+constexpr stage_shape shapes[] = {
+    {1, 56, 128, 4, 7, 224}, {2, 28, 256, 8, 7, 224}, {3, 14, 512, 16, 7, 224},  // Swin-B
+    {1, 56, 128, 4, 14, 224},  // Swin-B window 14 (224 px), stage 1
+    {1, 64, 128, 4, 16, 256},  // Swin V2-B window 16 (256 px), stage 1
+};
+constexpr int head_dim = 32;
 
 struct row {
   std::string op;
-  int stage = 0, shift = 0, G = 0, groups = 0, tokens = 0;
+  int stage = 0, window = 0, shift = 0, G = 0, groups = 0, tokens = 0;
   double ms = 0, bytes = 0, flops = 0, floor_ms = 0;
 };
 
@@ -176,8 +199,9 @@ int main(int argc, char** argv) {
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (sm_%d%d, %d SMs, L2 %.0f MB, %.1f GB)\n", prop.name, prop.major, prop.minor,
               prop.multiProcessorCount, prop.l2CacheSize / 1048576.0, prop.totalGlobalMem / 1073741824.0);
-  std::printf("seed %llu, batch %d, bf16, head_dim %d, window %d, %d reps (median), %d warm-up\n",
-              static_cast<unsigned long long>(opt.seed), opt.batch, head_dim, window, opt.reps, opt.warmup);
+  std::printf("seed %llu, batch %d, bf16, head_dim %d, windows 7 (stages 1-3), 14 and 16 (stage 1), %d reps (median), "
+              "%d warm-up\n",
+              static_cast<unsigned long long>(opt.seed), opt.batch, head_dim, opt.reps, opt.warmup);
 
   const double bw = copy_bandwidth(std::size_t(opt.copy_mb) << 20, 10);
   const double peak = gemm_rate(10);
@@ -188,10 +212,12 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(opt.seed);
   const std::size_t es = 2;  // bf16
   const std::int64_t B = opt.batch;
-  for (const stage_shape& s : swin_b) {
+  for (const stage_shape& s : shapes) {
     if (std::find(opt.stages.begin(), opt.stages.end(), s.stage) == opt.stages.end()) continue;
+    if (std::find(opt.windows.begin(), opt.windows.end(), s.window) == opt.windows.end()) continue;
     // one mask per micro-batch (the paper), shared by both blocks of the stage
     greenmim::mask_config cfg;
+    cfg.image_size = s.image;
     const std::vector<std::uint8_t> mask = greenmim::random_mask(cfg, rng(), 0);
     std::vector<index_t> coords;
     if (greenmim::visible_coords(greenmim::span<const std::uint8_t>(mask), cfg.grid(), s.grid, coords) !=
@@ -199,18 +225,26 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "visible_coords failed\n");
       return 1;
     }
-    for (int shift : {0, window / 2}) {
-      const greenmim::window_geometry g = greenmim::make_window_geometry(s.grid, s.grid, window, shift);
+    for (int shift : {0, s.window / 2}) {
+#if defined(GREENMIM_CUDA_EMULATION)
+      if (s.window > 7 && shift > 0) continue;
+#endif
+      const greenmim::window_geometry g = greenmim::make_window_geometry(s.grid, s.grid, s.window, shift);
       greenmim::window_list wl;
       greenmim::plan plan;
       greenmim::partition_indices part;
       if (greenmim::build_windows(g, greenmim::span<const index_t>(coords), wl) != greenmim::status::success) return 1;
       const std::vector<index_t> sizes = wl.sizes();
-      if (greenmim::make_plan(greenmim::span<const index_t>(sizes), greenmim::planner_options{}, s.channels, plan) !=
-          greenmim::status::success)
+      greenmim::planner_options popt;
+      if (greenmim::make_plan(greenmim::span<const index_t>(sizes), popt, s.channels, plan) != greenmim::status::success)
         return 1;
+      if (s.window > 7 && plan.group_size > 256) {  // large windows: the tensor-core paths' G (<= 256)
+        popt.group_size = 256;
+        if (greenmim::make_plan(greenmim::span<const index_t>(sizes), popt, s.channels, plan) != greenmim::status::success)
+          return 1;
+      }
       if (greenmim::build_partition(plan, wl, part) != greenmim::status::success) return 1;
-      if (!opt.json_dir.empty())
+      if (!opt.json_dir.empty() && s.window == 7)  // torch_bench.py's partitions (its time budget)
         write_json(opt.json_dir + "/partition_stage" + std::to_string(s.stage) + "_shift" + std::to_string(g.shift) +
                        ".json",
                    s, opt.batch, part, g);
@@ -317,6 +351,7 @@ int main(int argc, char** argv) {
         row r;
         r.op = op;
         r.stage = s.stage;
+        r.window = g.window;
         r.shift = g.shift;
         r.G = part.group_size;
         r.groups = part.num_groups;
@@ -340,8 +375,9 @@ int main(int argc, char** argv) {
         add(algo == GM_ALGO_AUTO ? "forward (auto)" : "forward (simt)", ms, 4 * row_bytes + lse_bytes, fwd_flops);
       }
       {  // the tensor-core forward forced to one head per CTA: the A/B of the automatic choice
+        // (G <= 64; above, the query-tile kernel always runs one head per CTA: the AUTO row)
         const gm_attention_fwd_args probe = fwd_args(0, GM_ALGO_MMA);
-        if (gm_attention_fwd_can_implement(&probe) == cudaSuccess) {
+        if (part.group_size <= 64 && gm_attention_fwd_can_implement(&probe) == cudaSuccess) {
           greenmim::detail::cuda::fwd_mma_heads_override() = 1;
           const double ms = median_ms(
               [&](int i) {
@@ -353,7 +389,7 @@ int main(int argc, char** argv) {
           add("forward (mma, 1 head/CTA)", ms, 4 * row_bytes + lse_bytes, fwd_flops);
         }
       }
-      // the tensor-core backward where it applies (G <= 64), and the SIMT one
+      // the tensor-core backward where it applies (G <= 256), and the SIMT one
       for (gm_algo algo : {GM_ALGO_MMA, GM_ALGO_SIMT}) {
         const gm_attention_bwd_args probe = bwd_args(0, algo);
         if (gm_attention_bwd_can_implement(&probe) != cudaSuccess) continue;
@@ -401,21 +437,21 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("\n| op | stage | shift | G | groups | tokens/sample | median ms | GB/s (min bytes) | %% of copy BW | TFLOP/s (useful) | floor ms | time / floor |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n| op | stage | window | shift | G | groups | tokens/sample | median ms | GB/s (min bytes) | %% of copy BW | TFLOP/s (useful) | floor ms | time / floor |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const row& r : rows) {
     const double gbs = r.bytes / (r.ms * 1e-3) / 1e9;
-    std::printf("| %s | %d | %d | %d | %d | %d | %.4f | %.0f | %.0f%% | %.1f | %.4f | %.2f |\n", r.op.c_str(), r.stage,
-                r.shift, r.G, r.groups, r.tokens, r.ms, gbs, 100.0 * gbs * 1e9 / bw,
+    std::printf("| %s | %d | %d | %d | %d | %d | %d | %.4f | %.0f | %.0f%% | %.1f | %.4f | %.2f |\n", r.op.c_str(), r.stage,
+                r.window, r.shift, r.G, r.groups, r.tokens, r.ms, gbs, 100.0 * gbs * 1e9 / bw,
                 r.flops / (r.ms * 1e-3) / 1e12, r.floor_ms, r.ms / r.floor_ms);
   }
   if (!opt.csv.empty()) {
     std::ofstream f(opt.csv);
-    f << "device,op,stage,shift,G,groups,tokens,batch,median_ms,bytes,flops,copy_GBps,gemm_TFLOPs,floor_ms\n";
+    f << "device,op,stage,shift,G,groups,tokens,batch,median_ms,bytes,flops,copy_GBps,gemm_TFLOPs,floor_ms,window\n";
     for (const row& r : rows)
       f << '"' << prop.name << "\"," << '"' << r.op << "\"," << r.stage << ',' << r.shift << ',' << r.G << ',' << r.groups
         << ',' << r.tokens << ',' << opt.batch << ',' << r.ms << ',' << r.bytes << ',' << r.flops << ',' << bw / 1e9 << ','
-        << peak / 1e12 << ',' << r.floor_ms << '\n';
+        << peak / 1e12 << ',' << r.floor_ms << ',' << r.window << '\n';
     std::printf("\nwrote %s\n", opt.csv.c_str());
   }
   return 0;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One script for a GPU machine (H100 / H200): configure + build with CUDA, run the GPU tests,
-# the GPU benchmark (Swin-B stages 1-3, batch 128, bf16), when PyTorch imports the PyTorch
-# baselines (released-code path and FlexAttention) on the same partitions, and last
+# the GPU benchmark (Swin-B stages 1-3 at window 7, and stage 1 of Swin-B window 14 and Swin V2-B
+# window 16, where the tensor-core forward's query tiles run next to SIMT; batch 128, bf16), when
+# PyTorch imports the PyTorch baselines (released-code path and FlexAttention) on the window-7
+# partitions, and last
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on a small test subset.
 #
 # Usage (from anywhere):  bench/gpu/run.sh
