@@ -209,6 +209,16 @@ __global__ void __launch_bounds__(k_red_threads) dw_grad_reduce(const float* par
   }
 }
 
+//! a * b for non-negative a, b, saturating at int64's maximum (extents are caller data: a plain
+//! product can overflow; found by test/fuzz/fuzz_abi_conv.cpp).
+inline std::int64_t mul_sat(std::int64_t a, std::int64_t b) {
+  constexpr std::int64_t max = 0x7fffffffffffffff;
+  return a != 0 && b > max / a ? max : a * b;
+}
+
+//! A bare int32 / float array pointer is element-aligned (a misaligned one faults on the device).
+inline bool aligned4(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 4 == 0; }
+
 cudaError_t check_dw_args(const gm_depthwise_conv_args* a, bool backward) {
   clear_refusal();
   GM_REFUSE_IF(a == nullptr, "args is null");
@@ -223,6 +233,9 @@ cudaError_t check_dw_args(const gm_depthwise_conv_args* a, bool backward) {
   GM_TRY(check_tensor(a->x, 3, e, es, true, false, "x must be [B, N, C], element-aligned, unit last stride"));
   GM_REFUSE_IF(N > 0 && a->nbr == nullptr, "nbr is null");
   GM_REFUSE_IF(C > 0 && a->weight == nullptr, "weight is null");
+  GM_REFUSE_IF(!aligned4(a->nbr) || !aligned4(a->weight), "nbr and weight must be 4-byte aligned");
+  GM_REFUSE_IF(backward ? !aligned4(a->dweight) || !aligned4(a->dbias) : !aligned4(a->bias),
+               backward ? "dweight and dbias must be 4-byte aligned" : "bias must be 4-byte aligned");
   if (!backward) {
     GM_TRY(check_tensor(a->y, 3, e, es, true, true, "y must be [B, N, C], element-aligned, unit last stride, injective"));
     GM_REFUSE_IF(overlap(a->x, es, a->y, es), "x and y overlap");
@@ -476,7 +489,8 @@ cudaError_t check_block_args(const gm_block_conv_args* a, bool backward) {
   const std::int64_t B = a->x.extent[0], N = a->x.extent[1], Ci = a->x.extent[2];
   const std::int64_t Nn = out.extent[1], Co = out.extent[2], P = static_cast<std::int64_t>(a->stride) * a->stride;
   GM_REFUSE_IF(B < 0 || N < 0 || Ci < 0 || Nn < 0 || Co < 0, "negative extent");
-  GM_REFUSE_IF(B * Nn > 0x7fffffff || B * N * Ci > 0x7fffffff || P * Ci > 0x7fffffff || Co > 0x7fffffff,
+  GM_REFUSE_IF(B > 0x7fffffff || N > 0x7fffffff || Nn > 0x7fffffff || mul_sat(B, Nn) > 0x7fffffff ||
+                   mul_sat(mul_sat(B, N), Ci) > 0x7fffffff || mul_sat(P, Ci) > 0x7fffffff || Co > 0x7fffffff,
                "extents too large for int32 GEMM indices");
   GM_REFUSE_IF((B * Nn + k_bm - 1) / k_bm > 65535 || (Co + k_bm - 1) / k_bm > 65535, "too many rows for the grid");
   const std::size_t es = dtype_bytes(a->dtype);
@@ -484,6 +498,9 @@ cudaError_t check_block_args(const gm_block_conv_args* a, bool backward) {
   GM_TRY(check_tensor(a->x, 3, xe, es, true, false, "x must be [B, N, C_in], element-aligned, unit last stride"));
   GM_REFUSE_IF(Nn > 0 && a->gather == nullptr, "gather is null");
   GM_REFUSE_IF(Co > 0 && Ci > 0 && a->weight == nullptr, "weight is null");
+  GM_REFUSE_IF(!aligned4(a->gather) || !aligned4(a->weight), "gather and weight must be 4-byte aligned");
+  GM_REFUSE_IF(backward ? !aligned4(a->dweight) || !aligned4(a->dbias) : !aligned4(a->bias),
+               backward ? "dweight and dbias must be 4-byte aligned" : "bias must be 4-byte aligned");
   if (!backward) {
     GM_TRY(check_tensor(a->y, 3, oe, es, true, true,
                         "y must be [B, N_next, C_out], element-aligned, unit last stride, injective"));

@@ -32,6 +32,9 @@ namespace {
 constexpr std::size_t tmp_align = 256;
 inline std::size_t align_up(std::size_t n) { return (n + tmp_align - 1) / tmp_align * tmp_align; }
 
+//! An int32 array pointer is element-aligned (a misaligned one faults on the device).
+inline bool aligned4(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 4 == 0; }
+
 inline unsigned blocks_for(std::int64_t n, int threads = 256) {
   const std::int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 1 ? 1 : (b > 1048576 ? 1048576 : b));
@@ -88,7 +91,8 @@ __global__ void place_tokens_kernel(const index_t* __restrict__ sorted_windows, 
     const index_t grp = window_group[w];
     const index_t off = window_slot_offset[w];
     const index_t rank = i - window_offsets[w];
-    if (grp < 0 || grp >= num_groups || off < 0 || rank < 0 || off + rank >= G) continue;  // not in the plan
+    // not in the plan (rank >= G - off, not off + rank >= G: off is table data, any int32)
+    if (grp < 0 || grp >= num_groups || off < 0 || rank < 0 || rank >= G - off) continue;
     const index_t slot = grp * G + off + rank;
     gather[slot] = t;
     scatter[t] = slot;
@@ -116,10 +120,16 @@ extern "C" cudaError_t gm_select_visible(void* d_temp_storage, size_t* temp_stor
     const std::int64_t total = static_cast<std::int64_t>(num_masks) * height * width;
     GM_REFUSE_IF(total > 0x7fffffff, "num_masks * height * width overflows int32");
     const thrust::counting_iterator<index_t> first(0);
-    if (d_temp_storage == nullptr)
-      return cub::DeviceSelect::Flagged(nullptr, *temp_storage_bytes, first, d_mask, d_positions, d_num_visible,
-                                        total, stream);
+    std::size_t need = 0;
+    GM_TRY(cub::DeviceSelect::Flagged(nullptr, need, first, d_mask, d_positions, d_num_visible, total, stream));
+    if (d_temp_storage == nullptr) {
+      *temp_storage_bytes = need;
+      return cudaSuccess;
+    }
+    // refused here with a reason, not by CUB without one
+    GM_REFUSE_IF(*temp_storage_bytes < need, "temporary storage too small");
     GM_REFUSE_IF(d_mask == nullptr || d_positions == nullptr || d_num_visible == nullptr, "null device pointer");
+    GM_REFUSE_IF(!aligned4(d_positions) || !aligned4(d_num_visible), "d_positions and d_num_visible must be 4-byte aligned");
     GM_TRY(cub::DeviceSelect::Flagged(d_temp_storage, *temp_storage_bytes, first, d_mask, d_positions, d_num_visible,
                                       total, stream));
     return cudaGetLastError();
@@ -142,7 +152,10 @@ extern "C" cudaError_t gm_token_windows(const int32_t* d_positions, const int32_
     GM_REFUSE_IF(nw > 0 && d_window_sizes == nullptr, "d_window_sizes is null");
     GM_REFUSE_IF(capacity > 0 && (d_positions == nullptr || d_num_positions == nullptr || d_coords == nullptr ||
                                   d_token_window == nullptr),
-                 "null device pointer");  // every refusal before any work is queued
+                 "null device pointer");
+    GM_REFUSE_IF(!aligned4(d_positions) || !aligned4(d_num_positions) || !aligned4(d_coords) ||
+                     !aligned4(d_token_window) || !aligned4(d_window_sizes),
+                 "int32 arrays must be 4-byte aligned");  // every refusal before any work is queued
     if (nw > 0) GM_TRY(cudaMemsetAsync(d_window_sizes, 0, static_cast<std::size_t>(nw) * sizeof(index_t), stream));
     if (capacity == 0) return cudaSuccess;
     return launch(token_windows_kernel, blocks_for(capacity), 256, 0, stream, d_positions, d_num_positions, capacity,
@@ -193,6 +206,10 @@ extern "C" cudaError_t gm_build_partition(void* d_temp_storage, size_t* temp_sto
                  "null token array");
     GM_REFUSE_IF(num_windows > 0 && (d_window_sizes == nullptr || d_window_group == nullptr || d_window_slot_offset == nullptr),
                  "null window array");
+    GM_REFUSE_IF(!aligned4(d_coords) || !aligned4(d_token_window) || !aligned4(d_window_sizes) ||
+                     !aligned4(d_window_group) || !aligned4(d_window_slot_offset) || !aligned4(d_gather) ||
+                     !aligned4(d_scatter) || !aligned4(d_slot_window) || !aligned4(d_slot_coord),
+                 "int32 arrays must be 4-byte aligned");
     char* base = static_cast<char*>(d_temp_storage);
     index_t* offsets = reinterpret_cast<index_t*>(base);
     index_t* keys_out = reinterpret_cast<index_t*>(base + off_bytes);
