@@ -88,7 +88,12 @@ inline void mutate(FuzzedDataProvider& in, desc& d) {
     case 6: d.t.extent[in.ConsumeIntegralInRange<int>(0, 3)] = in.ConsumeIntegral<std::int64_t>(); break;
     case 7: d.t.stride[in.ConsumeIntegralInRange<int>(0, 3)] = in.ConsumeIntegral<std::int64_t>(); break;
     case 8: std::swap(d.t.stride[0], d.t.stride[1]); break;
-    default: d.t.stride[in.ConsumeIntegralInRange<int>(0, 3)] *= in.ConsumeIntegralInRange<int>(0, 3); break;
+    default: {  // a multiple of a stride (the factor is drawn first, as C++17 orders `s *= k`)
+      const int k = in.ConsumeIntegralInRange<int>(0, 3);
+      std::int64_t& s = d.t.stride[in.ConsumeIntegralInRange<int>(0, 3)];
+      if (s <= INT64_MAX / 3 && s >= INT64_MIN / 3) s *= k;  // a huge one stays (no signed overflow)
+      break;
+    }
   }
 }
 
