@@ -22,6 +22,10 @@
 #include "detail/attention_simt.cuh"
 #include "detail/launch.cuh"
 
+static_assert(greenmim::detail::cuda::mma_bwd_tiled<32>::MAXG == GM_MMA_MAX_GROUP &&
+                  greenmim::detail::cuda::mma_bwd_tiled<64>::MAXG == GM_MMA_MAX_GROUP,
+              "the tiled tensor-core kernels' slot arrays hold GM_MMA_MAX_GROUP entries");
+
 namespace greenmim {
 namespace detail {
 namespace cuda {
@@ -141,7 +145,7 @@ cudaError_t check_bwd(const gm_attention_bwd_args* a, attn_dims& d, bwd_layout& 
   for (const gm_tensor* t : outs) vec = vec && rows_aligned16(*t, es);
   const std::size_t mma_smem = mma_bwd_smem(d.D, a->part.group_size, d.bias_rows, want_dbias);
   const std::size_t mma_optin = mma_smem > 48u * 1024u ? device_smem_optin() : 0;
-  const bool mma_ok = a->dtype != GM_FLOAT32 && a->part.group_size <= 256 && vec && mma_smem <= max_smem_bytes &&
+  const bool mma_ok = a->dtype != GM_FLOAT32 && a->part.group_size <= GM_MMA_MAX_GROUP && vec && mma_smem <= max_smem_bytes &&
                       (mma_optin == 0 || mma_smem <= mma_optin);
   if (a->algo == GM_ALGO_MMA)
     GM_REFUSE_IF(!mma_ok, "GM_ALGO_MMA (backward) needs fp16/bf16, group_size <= 256, 16-byte aligned rows of q, k, "

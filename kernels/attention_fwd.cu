@@ -50,7 +50,7 @@ cudaError_t check_fwd(const gm_attention_fwd_args* a, attn_dims& d, bool& use_mm
   const int G = a->part.group_size;
   const std::size_t mma_smem = G <= 64 ? (d.D == 32 ? mma_tile<32>::smem(d.bias_rows) : mma_tile<64>::smem(d.bias_rows))
                                        : (d.D == 32 ? mma_fwd_tiled<32>::smem(d.bias_rows) : mma_fwd_tiled<64>::smem(d.bias_rows));
-  const bool mma_ok = a->dtype != GM_FLOAT32 && G <= 256 && vec && mma_smem <= 48u * 1024u;
+  const bool mma_ok = a->dtype != GM_FLOAT32 && G <= GM_MMA_MAX_GROUP && vec && mma_smem <= 48u * 1024u;
   if (a->algo == GM_ALGO_MMA)
     GM_REFUSE_IF(!mma_ok, "GM_ALGO_MMA needs fp16/bf16, group_size <= 256, 16-byte aligned rows and window <= 32");
   use_mma = a->algo == GM_ALGO_MMA || (a->algo == GM_ALGO_AUTO && mma_ok);

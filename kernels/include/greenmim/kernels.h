@@ -63,6 +63,8 @@ typedef enum gm_algo GM_ENUM_BASE {
 
 /*! Largest group size the kernels accept. */
 #define GM_SIMT_MAX_GROUP 1024
+/*! Largest group size of the tensor-core kernels (GM_ALGO_MMA, forward and backward). */
+#define GM_MMA_MAX_GROUP 256
 /*! Largest window p of the relative-position bias table. */
 #define GM_MAX_WINDOW 32
 
