@@ -87,3 +87,33 @@ def test_kernel_refusals_are_exceptions():
     q = torch.randn(1, part.num_tokens, 1, 32, dtype=torch.float64)
     with greenmim.emulate_cuda(), pytest.raises(GreenmimError, match="float32, float16 or bfloat16"):
         greenmim.group_window_attention(q, q, q, None, part)
+
+
+@pytest.mark.parametrize("max_group_size", [None, 0])
+def test_window16_through_the_package(max_group_size):
+    """Swin V2's window 16 end to end on the kernels: three full 16 x 16 windows and one of 10
+    tokens. The default plan caps G at the tensor-core limit (256, four groups: the tiled
+    tensor-core forward and backward under AUTO); max_group_size=0 lets the planner take its
+    free optimum G = 266 (three groups: the CUDA-core kernels). Both equal the oracle."""
+    m = torch.ones(32, 32, dtype=torch.bool)
+    fourth = torch.zeros(256, dtype=torch.bool)
+    fourth[:10] = True
+    m[16:, 16:] = fourth.view(16, 16)
+    part = greenmim.stage_partition(m, 16, 0, 256, cache=False, max_group_size=max_group_size)
+    assert part.group_size == (256 if max_group_size is None else 266)
+    N = part.num_tokens
+    qkv = torch.randn(1, N, 3, 1, 32).to(torch.bfloat16).requires_grad_()
+    bias = torch.randn(31 * 31, 1, requires_grad=True)
+    with greenmim.emulate_cuda():
+        o = greenmim.group_window_attention_packed(qkv, bias, part)
+        g = torch.randn(o.shape).to(torch.bfloat16)
+        o.backward(g)
+    qkv64 = qkv.detach().double().requires_grad_()
+    b64 = bias.detach().double().requires_grad_()
+    o64 = oracle_attention(*qkv64.unbind(2), b64, part, part.window)
+    o64.backward(g.double())
+    scale = lambda t: max(1.0, float(t.detach().abs().max()))
+    tol = TOL[torch.bfloat16]
+    assert float((o.detach().double() - o64.detach()).abs().max()) <= tol * scale(o64)
+    assert float((qkv.grad.double() - qkv64.grad).abs().max()) <= tol * scale(qkv64.grad)
+    assert float((bias.grad.double() - b64.grad).abs().max()) <= tol * scale(b64.grad) * 4
