@@ -254,7 +254,7 @@ TEST_CASE("max_group_size: G within the cap; exact under it for few windows; pap
       REQUIRE(make_plan(span<const index_t>(sizes), o, cost, p) == status::success);
       CHECK(validate_plan(span<const index_t>(sizes), p) == status::success);
       CHECK(p.group_size <= cap);
-      CHECK(p.cost >= free.cost * (1 - 1e-12));  // fewer choices never cost less
+      CHECK(p.cost >= free.cost * (1 - 1e-12));  // fewer choices never cost less (free is exact here)
       CHECK(p.cost >= p.lower_bound);
       CHECK(p.lower_bound <= want * (1 + 1e-12));  // a bound on every plan under the cap
       if (st == strategy::fast) {
@@ -295,8 +295,7 @@ TEST_CASE("max_group_size on many windows (histogram path, per-sample batches): 
     CHECK(validate_plan(span<const index_t>(sizes), p) == status::success);
     CHECK(p.group_size <= cap);
     CHECK(p.cost >= p.lower_bound);
-    CHECK(p.cost >= free.cost * (1 - 1e-12));
-    CHECK(p.lower_bound >= free.lower_bound * (1 - 1e-12));  // bound over fewer G: never lower
+    CHECK(p.cost >= free.lower_bound * (1 - 1e-12));  // the free bound holds for every plan
   }
   CHECK(binding >= 10);  // the cap was below the free choice often enough to mean something
 }
