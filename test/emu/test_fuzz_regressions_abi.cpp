@@ -73,8 +73,9 @@ TEST_CASE("fuzz regression: misaligned int32 / float array pointers are refused,
   // fuzz_abi_index / fuzz_abi_conv: bare int32 and float pointers one byte off were accepted and
   // then read or written misaligned (UBSan in the emulated kernels and the CUB stand-ins; a
   // misaligned-address fault on a device): gm_select_visible's d_num_visible / d_positions,
-  // gm_token_windows' d_num_positions, gm_block_conv_bwd's dbias. Every bare array pointer of
-  // the index builders and the convolutions is now checked for 4-byte alignment.
+  // gm_token_windows' d_num_positions, gm_build_partition's outputs, gm_block_conv_bwd's weight,
+  // dweight and dbias. Every bare array pointer of the index builders and of both convolutions
+  // is now checked for 4-byte alignment.
   const std::uint64_t before = gm_emu::blocks_run();
   std::size_t bytes = 0;
   REQUIRE(gm_select_visible(nullptr, &bytes, fake_at<std::uint8_t>(1), 1, 2, 2, fake_at(2), fake_at(3), nullptr) ==
@@ -121,7 +122,7 @@ TEST_CASE("fuzz regression: misaligned int32 / float array pointers are refused,
 }
 
 TEST_CASE("fuzz regression: block conv extents whose products overflow int64 are refused, not UB") {
-  // Found while writing fuzz_abi_conv (the fuzzer's int64 extent mutations reach it):
+  // fuzz_abi_conv (with -use_value_profile=1; corpus regress_block_conv_extent_product_overflow):
   // check_block_args multiplied B * N_next and B * N * C_in of caller extents before any bound,
   // a signed overflow for extents near 2^62 (and B above int32 with empty tensors was truncated
   // to int). Products now saturate; every extent is bounded by int32 first.
