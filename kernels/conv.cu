@@ -209,16 +209,6 @@ __global__ void __launch_bounds__(k_red_threads) dw_grad_reduce(const float* par
   }
 }
 
-//! a * b for non-negative a, b, saturating at int64's maximum (extents are caller data: a plain
-//! product can overflow; found by test/fuzz/fuzz_abi_conv.cpp).
-inline std::int64_t mul_sat(std::int64_t a, std::int64_t b) {
-  constexpr std::int64_t max = 0x7fffffffffffffff;
-  return a != 0 && b > max / a ? max : a * b;
-}
-
-//! A bare int32 / float array pointer is element-aligned (a misaligned one faults on the device).
-inline bool aligned4(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 4 == 0; }
-
 cudaError_t check_dw_args(const gm_depthwise_conv_args* a, bool backward) {
   clear_refusal();
   GM_REFUSE_IF(a == nullptr, "args is null");

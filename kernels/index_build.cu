@@ -32,9 +32,6 @@ namespace {
 constexpr std::size_t tmp_align = 256;
 inline std::size_t align_up(std::size_t n) { return (n + tmp_align - 1) / tmp_align * tmp_align; }
 
-//! An int32 array pointer is element-aligned (a misaligned one faults on the device).
-inline bool aligned4(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 4 == 0; }
-
 inline unsigned blocks_for(std::int64_t n, int threads = 256) {
   const std::int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 1 ? 1 : (b > 1048576 ? 1048576 : b));

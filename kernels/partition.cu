@@ -109,6 +109,7 @@ cudaError_t check_partition_args(const gm_partition_args* a, bool unpartition) {
   GM_REFUSE_IF(C * static_cast<std::int64_t>(es) > 0x7fffffff, "row too long");
   if (unpartition) GM_REFUSE_IF(part.num_tokens > 0 && part.scatter == nullptr, "part.scatter is null");
   else GM_REFUSE_IF(slots > 0 && part.gather == nullptr, "part.gather is null");
+  GM_REFUSE_IF(!aligned4(unpartition ? part.scatter : part.gather), "the partition's int32 arrays must be 4-byte aligned");
   return cudaSuccess;
 }
 

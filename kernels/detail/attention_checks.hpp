@@ -53,6 +53,9 @@ inline cudaError_t check_attention_core(gm_dtype dtype, const gm_tensor& q, cons
                "too many groups for the grid");
   GM_REFUSE_IF(slots > 0 && (part.gather == nullptr || part.slot_window == nullptr),
                "part.gather and part.slot_window must be non-null");
+  GM_REFUSE_IF(!aligned4(part.gather) || !aligned4(part.slot_window) || !aligned4(part.slot_coord) ||
+                   !aligned4(part.scatter),
+               "the partition's int32 arrays must be 4-byte aligned");
   // bias
   d.with_bias = bias.data != nullptr;
   if (d.with_bias) {

@@ -59,6 +59,17 @@ inline std::int64_t numel(const gm_tensor& t) {
   return n;
 }
 
+//! a * b for non-negative a, b, saturating at int64's maximum (extents are caller data: a plain
+//! product can overflow; found by test/fuzz/fuzz_abi_conv.cpp).
+inline std::int64_t mul_sat(std::int64_t a, std::int64_t b) {
+  constexpr std::int64_t max = 0x7fffffffffffffff;
+  return a != 0 && b > max / a ? max : a * b;
+}
+
+//! A bare int32 / float array pointer is element-aligned (a misaligned one faults on the device;
+//! found by test/fuzz/fuzz_abi_index.cpp and fuzz_abi_conv.cpp).
+inline bool aligned4(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 4 == 0; }
+
 //! No two index tuples address the same element (sorted by stride, each stride spans the
 //! dimensions below it). Same test as the CPU reference.
 inline bool is_injective(const gm_tensor& t) {

@@ -75,6 +75,11 @@ gm_partition_args good_partition(gm_dtype dt = GM_FLOAT32) {
   return a;
 }
 
+//! The same address two bytes on: a misaligned int32 array.
+const std::int32_t* misalign(const std::int32_t* p) {
+  return reinterpret_cast<const std::int32_t*>(reinterpret_cast<const char*>(p) + 2);
+}
+
 bool refused(cudaError_t e) { return e == cudaErrorInvalidValue && std::string(gm_last_refusal()).size() > 0; }
 
 }  // namespace
@@ -124,6 +129,10 @@ TEST_CASE("kernels ABI: forward can_implement accepts good arguments and refuses
       {"null gather", [](gm_attention_fwd_args& a) { a.part.gather = nullptr; }},
       {"null slot_window", [](gm_attention_fwd_args& a) { a.part.slot_window = nullptr; }},
       {"null slot_coord with bias", [](gm_attention_fwd_args& a) { a.part.slot_coord = nullptr; }},
+      // a misaligned int32 index array faults on the device (found by fuzz_abi in the index builders)
+      {"misaligned gather", [](gm_attention_fwd_args& a) { a.part.gather = misalign(a.part.gather); }},
+      {"misaligned slot_window", [](gm_attention_fwd_args& a) { a.part.slot_window = misalign(a.part.slot_window); }},
+      {"misaligned slot_coord", [](gm_attention_fwd_args& a) { a.part.slot_coord = misalign(a.part.slot_coord); }},
       {"scale NaN", [](gm_attention_fwd_args& a) { a.scale = NAN; }},
       {"batch > 65535", [](gm_attention_fwd_args& a) { a.q.extent[0] = a.k.extent[0] = a.v.extent[0] = a.o.extent[0] = a.lse.extent[0] = 70000; }},
       {"MMA with G > 256", [](gm_attention_fwd_args& a) { a.algo = GM_ALGO_MMA; a.part.group_size = 257; }},
@@ -188,6 +197,8 @@ TEST_CASE("kernels ABI: backward can_implement, workspace size, refusals") {
       {"dv overlaps d_o", [](gm_attention_bwd_args& x) { x.dv.data = x.d_o.data; }},
       {"dbias overlaps bias", [](gm_attention_bwd_args& x) { x.d_bias_table.data = x.bias_table.data; }},
       {"null d_o", [](gm_attention_bwd_args& x) { x.d_o.data = nullptr; }},
+      {"misaligned gather", [](gm_attention_bwd_args& x) { x.part.gather = misalign(x.part.gather); }},
+      {"misaligned slot_coord", [](gm_attention_bwd_args& x) { x.part.slot_coord = misalign(x.part.slot_coord); }},
       {"dk self-overlap", [](gm_attention_bwd_args& x) { x.dk.stride[2] = 0; }},
       {"head_dim 128", [](gm_attention_bwd_args& x) { x.q.extent[3] = 128; }},
       {"dtype", [](gm_attention_bwd_args& x) { x.dtype = static_cast<gm_dtype>(-1); }},
@@ -251,6 +262,8 @@ TEST_CASE("kernels ABI: partition/unpartition checks") {
       {"overlap", [](gm_partition_args& x) { x.y.data = x.x.data; }},
       {"null gather", [](gm_partition_args& x) { x.part.gather = nullptr; }},
       {"null scatter", [](gm_partition_args& x) { x.part.scatter = nullptr; }},
+      {"misaligned gather", [](gm_partition_args& x) { x.part.gather = misalign(x.part.gather); }},
+      {"misaligned scatter", [](gm_partition_args& x) { x.part.scatter = misalign(x.part.scatter); }},
       {"G = 0", [](gm_partition_args& x) { x.part.group_size = 0; }},
       {"last stride", [](gm_partition_args& x) { x.x.stride[2] = 3; }},
       {"misaligned", [](gm_partition_args& x) { x.x.data = static_cast<char*>(x.x.data) + 2; }},
