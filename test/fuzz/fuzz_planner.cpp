@@ -11,7 +11,11 @@
 //  - at a fixed G no plan (fast, paper, per_window, single) is cheaper than the sweep's plan, and
 //    the paper's fixed-G plan is never cheaper than the paper's sweep;
 //  - the work budget ends the run: budgets are drawn so that every input finishes well inside
-//    libFuzzer's -timeout (a run that does not stop is reported as a timeout).
+//    libFuzzer's -timeout (a run that does not stop is reported as a timeout);
+//  - max_group_size (caps derived from the sizes: below the largest window, at it, just below
+//    the sweep's G): a cap below the largest window or with another strategy is refused; a
+//    capped plan keeps G <= cap and costs at least every uncapped bound; fast <= paper under the
+//    same cap where the paper runs and fast's DP covers the windows.
 #include <greenmim/greenmim.hpp>
 
 #include <algorithm>
@@ -236,6 +240,31 @@ void fuzz_with(FuzzedDataProvider& in, const Cost& cost) {
       !results[fast_fixed].p.budget_exhausted && dp_covers)
     GM_FUZZ_CHECK(results[fast_fixed].p.cost <= results[paper_fixed].p.cost, "fast at G=%d %.17g > paper %.17g",
                   fixed_g, results[fast_fixed].p.cost, results[paper_fixed].p.cost);
+
+  // max_group_size. Capped plans are kept out of `results`: their bounds hold only under the cap.
+  auto capped = [&](strategy s, index_t cap) {
+    planner_options o = base;
+    o.strat = s;
+    o.max_group_size = cap;
+    return run_one(reused, cost, sizes, o);
+  };
+  if (maxw > 1) GM_FUZZ_CHECK(!capped(strategy::fast, maxw - 1).ok, "a cap below the largest window accepted");
+  GM_FUZZ_CHECK(!capped(strategy::single, maxw).ok, "single accepted a cap");
+  std::vector<index_t> caps{maxw};
+  if (fs.group_size > maxw) caps.push_back(fs.group_size - 1);  // binds: the sweep's own G is out
+  for (index_t cap : caps) {
+    const outcome f = capped(strategy::fast, cap);
+    GM_FUZZ_CHECK(f.ok, "fast refused the cap %d (largest window %d)", cap, maxw);
+    GM_FUZZ_CHECK(f.p.group_size <= cap, "fast under cap %d chose G %d", cap, f.p.group_size);
+    GM_FUZZ_CHECK(f.p.cost >= lb * (1 - 1e-12), "capped plan costs %.17g < an uncapped bound %.17g", f.p.cost, lb);
+    if (!paper_quick) continue;
+    const outcome p = capped(strategy::paper, cap);
+    GM_FUZZ_CHECK(p.ok && p.p.group_size <= cap, "paper under cap %d", cap);
+    GM_FUZZ_CHECK(p.p.cost >= results[paper_sweep].p.cost, "paper capped %.17g < paper free %.17g", p.p.cost,
+                  results[paper_sweep].p.cost);
+    if (!f.p.budget_exhausted && dp_covers)
+      GM_FUZZ_CHECK(f.p.cost <= p.p.cost * (1 + 1e-12), "fast %.17g > paper %.17g under cap %d", f.p.cost, p.p.cost, cap);
+  }
 }
 
 }  // namespace
