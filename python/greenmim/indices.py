@@ -118,10 +118,6 @@ def stage_partition(visible: Tensor, window: int, shift: int, channels: int, str
     if strategy not in _lib.STRATEGIES:
         raise GreenmimError(f"greenmim: unknown strategy {strategy!r}; one of {sorted(_lib.STRATEGIES)}")
     device = torch.device(device) if device is not None else visible.device
-    if max_group_size is None:
-        auto = strategy in ("fast", "paper") and group_size == 0
-        eff = window_geometry(visible.shape[-2], visible.shape[-1], window, shift)[0]
-        max_group_size = _lib.host().gmh_fast_path_max_group(eff) if auto else 0
     host = _host_bytes(visible)
     key = (host.numpy().tobytes(), tuple(host.shape), window, shift, channels, strategy, group_size, max_group_size,
            str(device), _backend.emulating())
@@ -131,6 +127,10 @@ def stage_partition(visible: Tensor, window: int, shift: int, channels: int, str
             if hit is not None:
                 _cache.move_to_end(key)
                 return hit
+    if max_group_size is None:  # (resolved on a miss only: a hit costs no library call)
+        auto = strategy in ("fast", "paper") and group_size == 0
+        eff = window_geometry(visible.shape[-2], visible.shape[-1], window, shift)[0]
+        max_group_size = _lib.host().gmh_fast_path_max_group(eff) if auto else 0
     if device.type == "cuda" or (device.type == "cpu" and _backend.emulating()):
         part = _device_partition(visible.to(device, torch.uint8).contiguous(), window, shift, channels, strategy,
                                  group_size, max_group_size)
