@@ -161,24 +161,14 @@ __global__ void __launch_bounds__(mma_fwd_tiled<D>::THREADS) attention_fwd_mma_t
 
       // ---- online softmax: rescale l and O by exp(m_old - m_new), P = exp(S - m_new) ------------------
       const float na = fmaxf(ma, ta), nb = fmaxf(mb, tb);
-      const float ba = na == -INFINITY ? 0.f : na;  // no attending key yet: every p is exp(-inf) = 0
-      const float bb = nb == -INFINITY ? 0.f : nb;
+      const float ba = softmax_base(na), bb = softmax_base(nb);  // no attending key yet: p = 0
       const float fa = softmax_exp<T>(ma - ba), fb = softmax_exp<T>(mb - bb);
       ma = na;
       mb = nb;
       la *= fa;
       lb *= fb;
       scale_rows(o, fa, fb);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          s[nt][e] = softmax_exp<T>(s[nt][e] - ba);
-          s[nt][2 + e] = softmax_exp<T>(s[nt][2 + e] - bb);
-          la += s[nt][e];
-          lb += s[nt][2 + e];
-        }
-      }
+      exp_scores<T>(s, ba, bb, la, lb);
 
       // ---- O += P V -----------------------------------------------------------------------------------
       if (tile_finite) mma_pv<T, DT, LDS>(o, s, vs, lane, (kn + 15) / 16);

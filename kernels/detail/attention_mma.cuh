@@ -209,6 +209,26 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(full_mask, v, 2);
 }
 
+//! The softmax base of a row with running maximum m: m, or 0 when the row has no attending key
+//! (yet): every p is then exp(-inf) = 0 instead of exp(-inf - -inf) = NaN.
+__device__ __forceinline__ float softmax_base(float m) { return m == -INFINITY ? 0.f : m; }
+
+//! P = exp(S - base) in place for the lane's two accumulator rows (a: elements 0, 1; b: 2, 3),
+//! added to the lane's partial row sums la, lb (not yet summed over the quad).
+template <class T>
+__device__ __forceinline__ void exp_scores(float (&s)[8][4], float ba, float bb, float& la, float& lb) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[nt][e] = softmax_exp<T>(s[nt][e] - ba);
+      s[nt][2 + e] = softmax_exp<T>(s[nt][2 + e] - bb);
+      la += s[nt][e];
+      lb += s[nt][2 + e];
+    }
+  }
+}
+
 //! Exact per-pair fallback (non-finite V in the group): 2 threads per query row, each producing
 //! half of the row's head_dim outputs; online softmax over attending keys only.
 template <class T, int D>
@@ -330,19 +350,8 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS) attention_fwd_mma(const 
   mask_scores(s, ma, mb, win, crd, 0, ROWS, wa, wb, ca, cb, p.bias, bias_s, p.scale, p.window, lane);
   ma = quad_max(ma);
   mb = quad_max(mb);
-  const float ba = ma == -INFINITY ? 0.f : ma;  // padding row: every p is exp(-inf) = 0
-  const float bb = mb == -INFINITY ? 0.f : mb;
-  float la = 0.f, lb = 0.f;
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      s[nt][e] = __expf(s[nt][e] - ba);
-      s[nt][2 + e] = __expf(s[nt][2 + e] - bb);
-      la += s[nt][e];
-      lb += s[nt][2 + e];
-    }
-  }
+  float la = 0.f, lb = 0.f;  // a padding row has base 0: every p is exp(-inf) = 0
+  exp_scores<T>(s, softmax_base(ma), softmax_base(mb), la, lb);
   la = quad_sum(la);
   lb = quad_sum(lb);
 
@@ -553,19 +562,8 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS, fwd_heads_min_ctas()) at
     }
     ma = quad_max(ma);
     mb = quad_max(mb);
-    const float ba = ma == -INFINITY ? 0.f : ma;
-    const float bb = mb == -INFINITY ? 0.f : mb;
     float la = 0.f, lb = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        s[nt][e] = __expf(s[nt][e] - ba);
-        s[nt][2 + e] = __expf(s[nt][2 + e] - bb);
-        la += s[nt][e];
-        lb += s[nt][2 + e];
-      }
-    }
+    exp_scores<T>(s, softmax_base(ma), softmax_base(mb), la, lb);
     la = quad_sum(la);
     lb = quad_sum(lb);
 
