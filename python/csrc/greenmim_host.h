@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define GMH_ABI_VERSION 2
+#define GMH_ABI_VERSION 3
 
 enum {
   GMH_OK = 0,
@@ -120,6 +120,63 @@ int32_t gmh_fast_path_max_group(int32_t window);
  *  N_next*4 goes to *written. A 2x2 block partly visible is refused (misaligned). */
 int gmh_merge_indices(const uint8_t* visible, int32_t num_masks, int32_t height, int32_t width,
                       int32_t* gather4, int64_t capacity, int64_t* written);
+
+/* ---- Encoder plan: every stage of an encoder for one mask, in one arena (encoder_plan.hpp) ---- */
+
+/*! An array of the arena: int32 entries [offset, offset + size). */
+typedef struct gmh_range {
+  int64_t offset, size;
+} gmh_range;
+
+/*! One stage's partition (plain or shifted windows): the gmh_stage_info fields and its arrays. */
+typedef struct gmh_plan_partition {
+  int32_t group_size, num_groups, num_windows, window, shift, budget_exhausted;
+  double cost, lower_bound, plan_us;
+  gmh_range gather, scatter, slot_window, slot_coord; /*!< [n_g*G] except scatter [N] */
+} gmh_plan_partition;
+
+/*! One stage. part[1] equals part[0] when the stage has no shift (a single window). */
+typedef struct gmh_plan_stage {
+  int32_t height, width, num_tokens, reserved;
+  gmh_plan_partition part[2];
+  gmh_range position;   /*!< [N] flat position of each token: h*W + w, or b*H*W + h*W + w per sample */
+  gmh_range merge;      /*!< [4 * N_next] patch-merging gather (Swin's order); empty at the last stage */
+  gmh_range cu_seqlens; /*!< [M+1] per-sample offsets of the token axis; empty with a shared mask */
+  gmh_range unit_rank;  /*!< last stage only, [M*H*W]: rank among visible units (>= 0), or -1 - rank among masked */
+} gmh_plan_stage;
+
+#define GMH_MAX_STAGES 8
+
+/*! A square Swin-like encoder under a mask. `visible` is [num_masks, mask_height, mask_width]
+ *  uint8 (nonzero = visible) at any resolution dividing the stage-1 grid `grid` (image / patch);
+ *  per_sample = 0 needs num_masks == 1 (one mask shared by the batch). Stage s has a grid >> s
+ *  grid, windows of `window` (shifted by window/2 on odd blocks, Swin's small-stage rule) and
+ *  embed_dim << s channels for the cost model. max_group_size > 0 caps G at every stage, 0 sets
+ *  no cap, < 0 caps each stage at gmh_fast_path_max_group(its window) (fast and paper, G swept). */
+typedef struct gmh_encoder_args {
+  const uint8_t* visible;
+  int32_t num_masks, mask_height, mask_width, per_sample;
+  int32_t grid, window, num_stages, embed_dim;
+  int32_t strategy, group_size, max_group_size;
+} gmh_encoder_args;
+
+typedef struct gmh_encoder_info {
+  int32_t num_stages, num_masks;
+  int64_t arena_size; /*!< int32 entries */
+  double build_us;    /*!< wall time of the whole build */
+  gmh_plan_stage stage[GMH_MAX_STAGES];
+} gmh_encoder_info;
+
+typedef struct gmh_encoder_planner gmh_encoder_planner; /*!< opaque: planners and scratch, reused */
+
+/*! A planner object: keep one per thread and reuse it (it keeps its scratch between plans). */
+int gmh_encoder_planner_create(gmh_encoder_planner** out);
+void gmh_encoder_planner_destroy(gmh_encoder_planner* planner);
+
+/*! Plans every stage and lays out the arena: *info gets its size and every array's range. */
+int gmh_encoder_plan_prepare(gmh_encoder_planner* planner, const gmh_encoder_args* args, gmh_encoder_info* info);
+/*! Writes the arena of the planner's last successful prepare (info.arena_size int32 entries). */
+int gmh_encoder_plan_write(const gmh_encoder_planner* planner, int32_t* arena);
 
 /* ---- CPU reference grouped window attention (greenmim/reference/attention.hpp) -------------- */
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <greenmim/encoder_plan.hpp>
 #include <greenmim/greenmim.hpp>
 #include <greenmim/reference/attention.hpp>
 
@@ -170,7 +171,70 @@ int attention_bwd(const gmh_attention_args& a) {
                           [](const auto& x) { return reference::group_attention_backward(x); });
 }
 
+gmh_range range(const arena_range& r) { return gmh_range{r.offset, r.size}; }
+
+void describe(const encoder_partition& p, gmh_plan_partition& o) {
+  o.group_size = p.group_size;
+  o.num_groups = p.num_groups;
+  o.num_windows = p.num_windows;
+  o.window = p.window;
+  o.shift = p.shift;
+  o.budget_exhausted = p.budget_exhausted ? 1 : 0;
+  o.cost = p.cost;
+  o.lower_bound = p.lower_bound;
+  o.plan_us = p.plan_us;
+  o.gather = range(p.gather);
+  o.scatter = range(p.scatter);
+  o.slot_window = range(p.slot_window);
+  o.slot_coord = range(p.slot_coord);
+}
+
+//! The argument checks of gmh_encoder_plan_build that deserve their own message.
+int check_encoder_args(const gmh_encoder_args& a) {
+  if (!a.visible) return fail("visible: null pointer");
+  if (a.num_stages < 1 || a.num_stages > GMH_MAX_STAGES)
+    return fail("num_stages must be 1.." + std::to_string(GMH_MAX_STAGES) + ", got " + std::to_string(a.num_stages));
+  if (a.grid < 1 || a.grid > 32767) return fail("grid must be 1..32767, got " + std::to_string(a.grid));
+  if (a.grid % (1 << (a.num_stages - 1)))
+    return fail("the " + std::to_string(a.grid) + "x" + std::to_string(a.grid) + " patch grid does not halve " +
+                std::to_string(a.num_stages - 1) + " times");
+  if (a.window < 1 || a.window > 32767) return fail("window must be >= 1, got " + std::to_string(a.window));
+  if (a.embed_dim < 1 || a.embed_dim > (1 << 20)) return fail("embed_dim must be 1..2^20, got " + std::to_string(a.embed_dim));
+  if (a.num_masks < 1) return fail("num_masks must be >= 1, got " + std::to_string(a.num_masks));
+  if (!a.per_sample && a.num_masks != 1) return fail("a shared mask is one mask (num_masks 1); use per_sample");
+  if (a.mask_height < 1 || a.mask_width < 1 || a.grid % a.mask_height || a.grid % a.mask_width)
+    return fail("a " + std::to_string(a.mask_height) + "x" + std::to_string(a.mask_width) + " mask does not tile the " +
+                std::to_string(a.grid) + "x" + std::to_string(a.grid) + " patch grid (give it at mask-unit or patch resolution)");
+  if (!valid_strategy(a.strategy)) return fail("unknown strategy " + std::to_string(a.strategy));
+  if (a.group_size < 0) return fail("group_size must be >= 0 (0 = sweep), got " + std::to_string(a.group_size));
+  const bool sweeps = a.strategy == GMH_FAST || a.strategy == GMH_PAPER;
+  if ((a.group_size > 0 || a.max_group_size > 0) && !sweeps)
+    return fail("group_size and max_group_size apply to the fast and paper strategies only");
+  if (a.group_size > 0 && a.max_group_size > 0 && a.group_size > a.max_group_size)
+    return fail("group_size " + std::to_string(a.group_size) + " > max_group_size " + std::to_string(a.max_group_size));
+  return GMH_OK;
+}
+
+int encoder_failure(status s, const gmh_encoder_args& a) {
+  switch (s) {
+    case status::empty_input: return fail("the mask has no visible patch");
+    case status::misaligned:
+      return fail("patch merging: a 2x2 block of tokens is partly visible (the mask unit must cover whole tokens of "
+                  "the last stage, the encoder's largest stride)");
+    case status::size_exceeds_group:
+      return fail(a.group_size > 0 ? "plan: a window holds more tokens than the fixed group_size " +
+                                         std::to_string(a.group_size)
+                                   : "plan: a window holds more tokens than max_group_size" +
+                                         (a.max_group_size > 0 ? " " + std::to_string(a.max_group_size) : std::string()));
+    default: return fail("encoder plan", s);
+  }
+}
+
 }  // namespace
+
+struct gmh_encoder_planner {
+  greenmim::encoder_planner planner;
+};
 
 extern "C" {
 
@@ -330,6 +394,65 @@ int gmh_attention_bwd(const gmh_attention_args* a) {
     if (a->dtype == GMH_FLOAT32) return attention_bwd<float>(*a);
     if (a->dtype == GMH_FLOAT64) return attention_bwd<double>(*a);
     return fail("the CPU reference runs float32 and float64 only (dtype code " + std::to_string(a->dtype) + ")");
+  });
+}
+
+int gmh_encoder_planner_create(gmh_encoder_planner** out) {
+  return guarded([&]() -> int {
+    if (!out) return fail("gmh_encoder_planner_create: null argument");
+    *out = new gmh_encoder_planner{};
+    return ok();
+  });
+}
+
+void gmh_encoder_planner_destroy(gmh_encoder_planner* p) { delete p; }
+
+int gmh_encoder_plan_prepare(gmh_encoder_planner* p, const gmh_encoder_args* a, gmh_encoder_info* info) {
+  return guarded([&]() -> int {
+    if (!p || !a || !info) return fail("gmh_encoder_plan_prepare: null argument");
+    if (int rc = check_encoder_args(*a)) return rc;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::int64_t n = static_cast<std::int64_t>(a->num_masks) * a->mask_height * a->mask_width;
+    encoder_geometry geo{a->grid, a->window, a->num_stages, a->embed_dim};
+    encoder_plan_options opt;
+    opt.strat = static_cast<strategy>(a->strategy);
+    opt.group_size = a->group_size;
+    opt.max_group_size = a->max_group_size > 0 ? a->max_group_size : 0;
+    if (a->max_group_size < 0) opt.stage_cap = &greenmim::fast_path_max_group;
+    encoder_plan layout;
+    if (status s = p->planner.prepare(span<const std::uint8_t>(a->visible, n), a->num_masks, a->mask_height,
+                                      a->mask_width, a->per_sample != 0, geo, opt, layout);
+        s != status::success)
+      return encoder_failure(s, *a);
+    *info = gmh_encoder_info{};
+    info->num_stages = a->num_stages;
+    info->num_masks = a->num_masks;
+    info->arena_size = p->planner.arena_size();
+    for (int32_t s = 0; s < a->num_stages; ++s) {
+      const encoder_stage& st = layout.stages[static_cast<size_t>(s)];
+      gmh_plan_stage& o = info->stage[s];
+      o.height = st.height;
+      o.width = st.width;
+      o.num_tokens = st.num_tokens;
+      describe(st.part[0], o.part[0]);
+      describe(st.part[1], o.part[1]);
+      o.position = range(st.position);
+      o.merge = range(st.merge);
+      o.cu_seqlens = range(st.cu_seqlens);
+      o.unit_rank = range(st.unit_rank);
+    }
+    info->build_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    return ok();
+  });
+}
+
+int gmh_encoder_plan_write(const gmh_encoder_planner* p, int32_t* arena) {
+  return guarded([&]() -> int {
+    if (!p) return fail("gmh_encoder_plan_write: null planner");
+    if (p->planner.write(arena) != status::success)
+      return fail(arena ? "gmh_encoder_plan_write: no prepared plan (a prepare failed or none ran)"
+                        : "gmh_encoder_plan_write: null arena");
+    return ok();
   });
 }
 

@@ -79,12 +79,47 @@ class PartitionArgs(ctypes.Structure):
     _fields_ = [("dtype", c_int32), ("x", Tensor), ("y", Tensor), ("part", Partition)]
 
 
+class Range(ctypes.Structure):
+    """gmh_range: int32 entries [offset, offset + size) of an encoder plan's arena."""
+    _fields_ = [("offset", c_int64), ("size", c_int64)]
+
+
+class PlanPartition(ctypes.Structure):
+    """gmh_plan_partition."""
+    _fields_ = [("group_size", c_int32), ("num_groups", c_int32), ("num_windows", c_int32), ("window", c_int32),
+                ("shift", c_int32), ("budget_exhausted", c_int32), ("cost", c_double), ("lower_bound", c_double),
+                ("plan_us", c_double)] + [(n, Range) for n in
+                                          ("gather", "scatter", "slot_window", "slot_coord")]
+
+
+class PlanStage(ctypes.Structure):
+    """gmh_plan_stage."""
+    _fields_ = [("height", c_int32), ("width", c_int32), ("num_tokens", c_int32), ("reserved", c_int32),
+                ("part", PlanPartition * 2)] + [(n, Range) for n in ("position", "merge", "cu_seqlens", "unit_rank")]
+
+
+GMH_MAX_STAGES = 8
+
+
+class EncoderArgs(ctypes.Structure):
+    """gmh_encoder_args."""
+    _fields_ = [("visible", c_void_p)] + [(n, c_int32) for n in (
+        "num_masks", "mask_height", "mask_width", "per_sample", "grid", "window", "num_stages", "embed_dim",
+        "strategy", "group_size", "max_group_size")]
+
+
+class EncoderInfo(ctypes.Structure):
+    """gmh_encoder_info."""
+    _fields_ = [("num_stages", c_int32), ("num_masks", c_int32), ("arena_size", c_int64), ("build_us", c_double),
+                ("stage", PlanStage * GMH_MAX_STAGES)]
+
+
 GMH_FLOAT32, GMH_FLOAT64 = 0, 3
 GM_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 GM_ALGOS = {"auto": 0, "simt": 1, "mma": 2}
 STRATEGIES = {"fast": 0, "paper": 1, "per-window": 2, "single": 3}
 _KERNELS_ABI_VERSION = 1
-_HOST_ABI_VERSION = 2
+_HOST_ABI_VERSION = 3
 
 
 def tensor(t: Optional[torch.Tensor]) -> Tensor:
@@ -173,6 +208,11 @@ def host() -> ctypes.CDLL:
     lib.gmh_fast_path_max_group.argtypes = [c_int32]
     lib.gmh_fast_path_max_group.restype = c_int32
     lib.gmh_merge_indices.argtypes = [c_void_p, c_int32, c_int32, c_int32, c_void_p, c_int64, POINTER(c_int64)]
+    lib.gmh_encoder_planner_create.argtypes = [POINTER(c_void_p)]
+    lib.gmh_encoder_planner_destroy.argtypes = [c_void_p]
+    lib.gmh_encoder_planner_destroy.restype = None
+    lib.gmh_encoder_plan_prepare.argtypes = [c_void_p, POINTER(EncoderArgs), POINTER(EncoderInfo)]
+    lib.gmh_encoder_plan_write.argtypes = [c_void_p, c_void_p]
     lib.gmh_attention_fwd.argtypes = [POINTER(HostAttentionArgs)]
     lib.gmh_attention_bwd.argtypes = [POINTER(HostAttentionArgs)]
     _libs["host"] = lib

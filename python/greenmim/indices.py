@@ -7,9 +7,12 @@ planner), and the patch-merging indices to the next stage. Token order: row-majo
 a sample; with per-sample masks the token axis is all samples' tokens, sample-major (batch
 extent 1, ``cu_seqlens`` style).
 
-On CUDA the partition indices are built on the device (kernels.h: select visible, count window
-sizes, build partition); only the window sizes travel to the host for the planner. Results are
-cached per (mask, stage geometry, shift, planner settings, device).
+:func:`plan_masks` is one call into the host library: every stage, both shifts, the merges and the
+per-sample offsets, written into one int32 arena that Python views as tensors and copies to the
+target device once. :func:`stage_partition` plans one stage; on CUDA it builds the indices on
+the device (kernels.h: select visible, count window sizes, build partition) with one host round
+trip for the planner's window sizes. Both cache their results per (mask, geometry, planner
+settings, device).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import collections
 import ctypes
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -37,7 +40,7 @@ class StagePartition:
     scatter: Tensor
     slot_window: Tensor
     slot_coord: Tensor
-    token_window: Tensor
+    _token_window: Optional[Tensor]  # derived on first use when None: slot_window[scatter]
     group_size: int
     num_groups: int
     num_tokens: int
@@ -49,6 +52,12 @@ class StagePartition:
     budget_exhausted: bool = False
 
     @property
+    def token_window(self) -> Tensor:
+        if self._token_window is None:
+            self._token_window = self.slot_window[self.scatter.long()]
+        return self._token_window
+
+    @property
     def gap(self) -> float:
         """Relative gap of the plan's cost to the planner's lower bound on any plan."""
         return (self.cost - self.lower_bound) / self.lower_bound if self.lower_bound > 0 else 0.0
@@ -56,27 +65,87 @@ class StagePartition:
 
 @dataclass(eq=False)
 class StagePlan:
-    """One stage: its token grid, visible tokens, partitions and merge indices."""
+    """One stage: its token grid, partitions, token positions and merge indices (int32 views of
+    the plan's arena, on the plan's device)."""
     grid: Tuple[int, int]
     partitions: Tuple[StagePartition, StagePartition]  # (plain windows, shifted windows)
-    merge: Optional[Tensor]              # [N_next, 4] int64 into this stage's token axis, or None
-    cu_seqlens: Optional[Tensor]         # [B+1] int64 (per-sample masks), None when shared
-    visible: Tensor = field(repr=False)  # [M, H, W] bool on the host
+    merge: Optional[Tensor]              # [N_next, 4] into this stage's token axis, or None
+    cu_seqlens: Optional[Tensor]         # [B+1] (per-sample masks), None when shared
+    position: Tensor                     # [N] flat position: h*W + w, or b*H*W + h*W + w per sample
+    unit_rank: Optional[Tensor] = None   # last stage, [M, H*W]: rank among visible (>= 0) or -1 - rank among masked
+    num_masks: int = 1
 
     @property
     def num_tokens(self) -> int:
         """Length of the token axis (per sample with a shared mask)."""
         return self.partitions[0].num_tokens
 
+    @property
+    def visible(self) -> Tensor:
+        """``[M, H, W]`` bool on the host: the stage's mask."""
+        H, W = self.grid
+        out = torch.zeros(self.num_masks * H * W, dtype=torch.bool)
+        out[self.position.to("cpu", torch.int64)] = True
+        return out.view(self.num_masks, H, W)
 
-@dataclass(eq=False)
+    def visible_units(self) -> Tensor:
+        """``[M, H*W]`` bool on the plan's device (needs ``unit_rank``: the last stage)."""
+        if self.unit_rank is None:
+            raise GreenmimError("greenmim: unit ranks exist for the last stage only")
+        return self.unit_rank >= 0
+
+
 class MaskPlan:
-    """Everything a visible-token encoder needs for one mask (or one batch of per-sample masks)."""
-    per_sample: bool
-    num_masks: int
-    patch_grid: Tuple[int, int]
-    patch_index: Tensor                  # [N_0] int64: flat patch position (b*H*W + h*W + w per-sample)
-    stages: List[StagePlan]
+    """Everything a visible-token encoder needs for one mask (or one batch of per-sample masks).
+
+    All index arrays are int32 views of one tensor, ``arena``: moving a plan to a device
+    (:meth:`to`), pinning it (:meth:`pin_memory`, which a DataLoader calls) or sending it to
+    another process (pickling, as DataLoader workers do) moves that one tensor."""
+
+    def __init__(self, arena: Tensor, layout: tuple):
+        self.arena = arena
+        self.layout = layout
+        per_sample, num_masks, patch_grid, build_us, stages = layout
+        self.per_sample, self.num_masks, self.patch_grid, self.build_us = per_sample, num_masks, patch_grid, build_us
+        view = lambda r: arena[r[0]:r[0] + r[1]]
+        self.stages: List[StagePlan] = []
+        for (H, W, N, parts, position, merge, cu, rank) in stages:
+            made = []
+            for (G, ng, nw, win, sh, exhausted, cost, lb, us, arrays) in parts:
+                g, sc, sw, co = (view(r) for r in arrays)
+                made.append(StagePartition(g, sc, sw, co, None, group_size=G, num_groups=ng, num_tokens=N, window=win,
+                                           shift=sh, cost=cost, lower_bound=lb, plan_us=us,
+                                           budget_exhausted=bool(exhausted)))
+            if parts[1] is parts[0] or parts[1] == parts[0]:
+                made[1] = made[0]
+            self.stages.append(StagePlan(grid=(H, W), partitions=(made[0], made[1]),
+                                         merge=view(merge).view(-1, 4) if merge[1] else None,
+                                         cu_seqlens=view(cu) if per_sample else None, position=view(position),
+                                         unit_rank=view(rank).view(num_masks, H * W) if rank[1] else None,
+                                         num_masks=num_masks))
+        self.patch_index = self.stages[0].position
+
+    @property
+    def device(self) -> torch.device:
+        return self.arena.device
+
+    def to(self, device, non_blocking: bool = False) -> "MaskPlan":
+        """This plan on ``device`` (one copy of the arena; ``self`` when it is already there)."""
+        device = torch.device(device)
+        if device == self.arena.device:
+            return self
+        return MaskPlan(self.arena.to(device, non_blocking=non_blocking), self.layout)
+
+    def pin_memory(self, device=None) -> "MaskPlan":
+        return MaskPlan(self.arena.pin_memory() if device is None else self.arena.pin_memory(device), self.layout)
+
+    def __reduce__(self):
+        return (MaskPlan, (self.arena, self.layout))
+
+    def __repr__(self) -> str:
+        kind = f"{self.num_masks} per-sample masks" if self.per_sample else "one shared mask"
+        return (f"MaskPlan({kind}, {len(self.stages)} stages, tokens {[s.num_tokens for s in self.stages]}, "
+                f"{self.arena.numel() * 4 / 1024:.1f} KiB on {self.device})")
 
 
 def window_geometry(height: int, width: int, window: int, shift: int) -> Tuple[int, int, int]:
@@ -94,8 +163,10 @@ CACHE_SIZE = 256
 
 
 def clear_cache() -> None:
+    """Forgets every cached plan and partition."""
     with _cache_lock:
         _cache.clear()
+        _plan_cache.clear()
 
 
 def _host_bytes(t: Tensor) -> Tensor:
@@ -229,61 +300,106 @@ def merge_indices(visible: Tensor, device=None) -> Tensor:
     return out[: n.value].view(-1, 4).to(device if device is not None else visible.device, torch.int64)
 
 
-def _stage1_mask(visible: Tensor, grid: Tuple[int, int]) -> Tensor:
-    h, w = visible.shape[-2:]
-    if grid[0] % h or grid[1] % w:
-        raise GreenmimError(f"greenmim: a {h}x{w} mask does not tile the {grid[0]}x{grid[1]} patch grid "
-                            f"(give it at mask-unit or patch resolution)")
-    fh, fw = grid[0] // h, grid[1] // w
-    return visible.repeat_interleave(fh, dim=-2).repeat_interleave(fw, dim=-1)
+_plan_cache: "collections.OrderedDict[tuple, MaskPlan]" = collections.OrderedDict()
+
+
+def _range(r) -> Tuple[int, int]:
+    return (int(r.offset), int(r.size))
+
+
+def _layout(info, per_sample: bool, patch_grid: Tuple[int, int]) -> tuple:
+    """The arena's layout as plain Python data (picklable, hashable)."""
+    stages = []
+    for s in range(info.num_stages):
+        st = info.stage[s]
+        parts = tuple((p.group_size, p.num_groups, p.num_windows, p.window, p.shift, p.budget_exhausted, p.cost,
+                       p.lower_bound, p.plan_us, tuple(_range(getattr(p, n)) for n in
+                                                       ("gather", "scatter", "slot_window", "slot_coord")))
+                      for p in st.part)
+        stages.append((st.height, st.width, st.num_tokens, parts, _range(st.position), _range(st.merge),
+                       _range(st.cu_seqlens), _range(st.unit_rank)))
+    return (per_sample, int(info.num_masks), patch_grid, float(info.build_us), tuple(stages))
+
+
+class _Planner:
+    """A library planner object (kept per thread: it reuses its scratch between plans)."""
+
+    def __init__(self):
+        self.lib = _lib.host()
+        self.handle = ctypes.c_void_p()
+        _lib.host_check(self.lib.gmh_encoder_planner_create(ctypes.byref(self.handle)), "plan")
+
+    def __del__(self):
+        if getattr(self, "handle", None):
+            self.lib.gmh_encoder_planner_destroy(self.handle)
+
+
+_planners = threading.local()
+
+
+def _build_plan(host: Tensor, per_sample: bool, grid: int, window: int, num_stages: int, embed_dim: int,
+                strategy: str, group_size: int, max_group_size: int) -> MaskPlan:
+    planner = getattr(_planners, "p", None)
+    if planner is None:
+        planner = _planners.p = _Planner()
+    M, h, w = host.shape
+    a = _lib.EncoderArgs(host.data_ptr(), M, h, w, int(per_sample), grid, window, num_stages, embed_dim,
+                         _lib.STRATEGIES[strategy], group_size, max_group_size)
+    info = _lib.EncoderInfo()
+    _lib.host_check(planner.lib.gmh_encoder_plan_prepare(planner.handle, ctypes.byref(a), ctypes.byref(info)), "plan")
+    arena = torch.empty(info.arena_size, dtype=torch.int32)
+    _lib.host_check(planner.lib.gmh_encoder_plan_write(planner.handle, arena.data_ptr()), "plan")
+    return MaskPlan(arena, _layout(info, per_sample, (grid, grid)))
 
 
 def plan_masks(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, window_size: int = 7,
                num_stages: int = 4, embed_dim: int = 128, strategy: str = "fast", device=None,
-               cache: bool = True, max_group_size: Optional[int] = None) -> MaskPlan:
-    """Plans every stage of a Swin-like encoder for a mask.
+               cache: bool = True, max_group_size: Optional[int] = None, group_size: int = 0) -> MaskPlan:
+    """Plans every stage of a Swin-like encoder for a mask: one library call, one arena.
 
     ``visible``: bool ``[h, w]`` (one mask shared by the batch, the paper's setting) or
     ``[B, h, w]`` (per-sample masks), True = visible, at mask-unit (e.g. 7x7 for 32 px units at
     224 px) or patch resolution. Stage s has a ``(img/patch) / 2^s`` token grid, C = embed_dim
     * 2^s (the planner's cost model), windows of ``window_size`` shifted by half on odd blocks.
-    The result lives on ``device`` (default: the mask's). ``max_group_size``: see
-    :func:`stage_partition` (default: G kept on the tensor-core kernels where windows allow)."""
+    The indices are built on the host and the arena is copied to ``device`` (default: the
+    mask's) once. ``max_group_size``: see :func:`stage_partition` (default: G kept on the
+    tensor-core kernels where windows allow; 0: no cap). Plans are cached per (mask, geometry,
+    planner settings, device): a hit costs a hash of the mask."""
     if not isinstance(visible, Tensor) or visible.dtype != torch.bool:
         raise GreenmimError("greenmim: the mask must be a bool tensor (True = visible)")
     if visible.dim() not in (2, 3):
         raise GreenmimError(f"greenmim: the mask is [h, w] (shared) or [B, h, w] (per sample), "
                             f"got {tuple(visible.shape)}")
-    if img_size % patch_size:
+    if strategy not in _lib.STRATEGIES:
+        raise GreenmimError(f"greenmim: unknown strategy {strategy!r}; one of {sorted(_lib.STRATEGIES)}")
+    if patch_size < 1 or img_size % patch_size:
         raise GreenmimError(f"greenmim: image {img_size} is not a multiple of the patch {patch_size}")
-    g0 = img_size // patch_size
-    if g0 % (1 << (num_stages - 1)):
-        raise GreenmimError(f"greenmim: the {g0}x{g0} patch grid does not halve {num_stages - 1} times")
-    per_sample = visible.dim() == 3
+    if max_group_size is not None and max_group_size < 0:
+        raise GreenmimError(f"greenmim: max_group_size must be >= 0 (0 = no cap, None = the fast kernels' cap), "
+                            f"got {max_group_size}")
     device = torch.device(device) if device is not None else visible.device
-    m0 = _stage1_mask(visible.detach().to("cpu"), (g0, g0))
-    m0 = m0 if per_sample else m0.unsqueeze(0)
-    M = m0.shape[0]
-    if not bool(m0.any()):
-        raise GreenmimError("greenmim: the mask has no visible patch")
-    stages: List[StagePlan] = []
-    for s in range(num_stages):
-        ms = m0[:, :: 1 << s, :: 1 << s].contiguous()
-        H = W = g0 >> s
-        C = embed_dim << s
-        arg = ms if per_sample else ms[0]
-        plain = stage_partition(arg, window_size, 0, C, strategy, device=device, cache=cache,
-                                max_group_size=max_group_size)
-        shifted = stage_partition(arg, window_size, window_size // 2, C, strategy, device=device, cache=cache,
-                                  max_group_size=max_group_size)
-        merge = merge_indices(arg, device) if s + 1 < num_stages else None
-        counts = ms.flatten(1).sum(1)
-        cu = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(device) if per_sample else None
-        stages.append(StagePlan(grid=(H, W), partitions=(plain, shifted), merge=merge,
-                                cu_seqlens=cu, visible=ms))
-    flat = m0.flatten() if per_sample else m0[0].flatten()
-    patch_index = torch.nonzero(flat).flatten().to(device)
-    return MaskPlan(per_sample=per_sample, num_masks=M, patch_grid=(g0, g0), patch_index=patch_index, stages=stages)
+    per_sample = visible.dim() == 3
+    host = visible.detach()
+    if host.device.type != "cpu":
+        host = host.cpu()
+    host = (host if per_sample else host.unsqueeze(0)).to(torch.uint8).contiguous()
+    cap = -1 if max_group_size is None else int(max_group_size)
+    key = (host.numpy().tobytes(), tuple(host.shape), per_sample, img_size, patch_size, window_size, num_stages,
+           embed_dim, strategy, group_size, cap, str(device))
+    if cache:
+        with _cache_lock:
+            hit = _plan_cache.get(key)
+            if hit is not None:
+                _plan_cache.move_to_end(key)
+                return hit
+    plan = _build_plan(host, per_sample, img_size // patch_size, window_size, num_stages, embed_dim, strategy,
+                       group_size, cap).to(device)
+    if cache:
+        with _cache_lock:
+            _plan_cache[key] = plan
+            while len(_plan_cache) > CACHE_SIZE:
+                _plan_cache.popitem(last=False)
+    return plan
 
 
 def random_masks(batch: Optional[int] = None, *, grid: int = 7, ratio: float = 0.75,

@@ -179,3 +179,50 @@ def test_max_group_size_default_by_window_and_refusals():
         greenmim.stage_partition(full, 7, 0, 64, group_size=100, max_group_size=64, cache=False)
     with greenmim.emulate_cuda(), pytest.raises(GreenmimError, match="max_group_size 40"):
         greenmim.stage_partition(full, 7, 0, 64, max_group_size=40, cache=False)
+
+
+@pytest.mark.parametrize("per_sample", [False, True])
+@pytest.mark.parametrize("geometry", [(224, 7, 7), (192, 6, 6), (256, 16, 8)])
+def test_plan_masks_equals_stage_partition(per_sample, geometry):
+    """plan_masks (one call, one arena) builds what stage_partition builds stage by stage."""
+    img, window, units = geometry
+    vis = greenmim.random_masks(3 if per_sample else None, grid=units)
+    plan = greenmim.plan_masks(vis, img_size=img, window_size=window, embed_dim=32, cache=False)
+    covered = 0
+    for s, st in enumerate(plan.stages):
+        m = st.visible if per_sample else st.visible[0]
+        for k, part in enumerate(st.partitions):
+            want = greenmim.stage_partition(m, window, k * (window // 2), 32 << s, cache=False)
+            for name in ("gather", "scatter", "slot_window", "slot_coord", "token_window"):
+                assert torch.equal(getattr(part, name), getattr(want, name)), (s, k, name)
+            assert (part.group_size, part.num_groups, part.window, part.shift) == \
+                (want.group_size, want.num_groups, want.window, want.shift)
+            assert part.cost == pytest.approx(want.cost)
+        if s + 1 < len(plan.stages):
+            assert torch.equal(st.merge.long(), greenmim.merge_indices(m))
+        covered += st.position.numel()
+    assert plan.patch_index.numel() == plan.stages[0].num_tokens
+    assert plan.stages[-1].unit_rank.shape == (3 if per_sample else 1, units * units)
+
+
+def test_mask_plan_pickles_moves_and_caches():
+    import pickle
+    greenmim.clear_cache()
+    vis = greenmim.random_masks(4)
+    plan = greenmim.plan_masks(vis)
+    assert greenmim.plan_masks(vis.clone()) is plan                  # a hit: the same object
+    assert greenmim.plan_masks(vis, max_group_size=0) is not plan    # other settings: another plan
+    back = pickle.loads(pickle.dumps(plan))
+    assert back is not plan and torch.equal(back.arena, plan.arena)
+    for a, b in zip(back.stages, plan.stages):
+        for pa, pb in zip(a.partitions, b.partitions):
+            assert torch.equal(pa.gather, pb.gather) and pa.group_size == pb.group_size
+        # every array is a view of the one arena
+        assert a.partitions[0].gather.untyped_storage().data_ptr() == back.arena.untyped_storage().data_ptr()
+    assert plan.to("cpu") is plan and plan.to("meta").device.type == "meta"
+    vis[0, 0, 0] = ~vis[0, 0, 0]
+    assert greenmim.plan_masks(vis) is not plan
+    with pytest.raises(GreenmimError, match="max_group_size must be >= 0"):
+        greenmim.plan_masks(vis, max_group_size=-1)
+    with pytest.raises(GreenmimError, match="halve"):
+        greenmim.plan_masks(torch.ones(3, 3, dtype=torch.bool), img_size=12, patch_size=1)

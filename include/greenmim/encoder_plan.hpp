@@ -1,0 +1,370 @@
+//! \file encoder_plan.hpp
+//! Everything a Swin-like encoder needs for one mask (or one batch of per-sample masks), built
+//! in one call into one arena of int32: per stage the partitions of the plain and the shifted
+//! windows, each token's flat position, the patch-merging indices to the next stage, per-sample
+//! offsets, and for the last stage the rank of every unit (where a decoder puts each latent).
+//!
+//! One arena means one allocation and one host-to-device copy per mask, and a plan that crosses
+//! process boundaries (a DataLoader worker) as one buffer. The builder writes the same arrays as
+//! windows.hpp / partition.hpp / merging.hpp (test_encoder_plan.cpp checks it against them), in
+//! one pass per stage and shift, without their per-call validation: the lists it builds are
+//! valid by construction. The planners and scratch are kept between calls.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "config.hpp"
+#include "geometry.hpp"
+#include "planner.hpp"
+#include "status.hpp"
+
+namespace greenmim {
+
+//! A square encoder: stage s has a `(grid >> s)` square token grid, `embed_dim << s` channels
+//! (the cost model's C) and windows of `window` tokens (Swin's small-stage rule applies).
+struct encoder_geometry {
+  index_t grid = 56;       //!< stage-1 token grid side (image / patch)
+  index_t window = 7;      //!< window side in tokens
+  index_t num_stages = 4;
+  index_t embed_dim = 128; //!< channels of stage 1
+};
+
+struct encoder_plan_options {
+  strategy strat = strategy::fast;
+  index_t group_size = 0;      //!< > 0 fixes G at every stage (fast and paper only)
+  index_t max_group_size = 0;  //!< > 0 caps G at every stage; 0: see stage_cap
+  //! When set (and neither group_size nor max_group_size is, with fast or paper): the cap of a
+  //! stage whose effective window is `w` (e.g. a kernel's fast-path limit); 0 means none.
+  index_t (*stage_cap)(index_t w) = nullptr;
+};
+
+//! An array of the arena: entries [offset, offset + size).
+struct arena_range {
+  std::int64_t offset = 0;
+  std::int64_t size = 0;
+};
+
+struct encoder_partition {
+  index_t group_size = 0, num_groups = 0, num_windows = 0;
+  index_t window = 0, shift = 0;  //!< after Swin's small-stage rule
+  bool budget_exhausted = false;
+  double cost = 0, lower_bound = 0, plan_us = 0;
+  //! [n_g*G] gather, slot_window, slot_coord; [N] scatter (partition_types.hpp's layout)
+  arena_range gather, scatter, slot_window, slot_coord;
+};
+
+struct encoder_stage {
+  index_t height = 0, width = 0, num_tokens = 0;  //!< num_tokens: the token axis (per sample if shared)
+  //! Plain and shifted windows; a stage without a shift (one window) has part[1] == part[0].
+  encoder_partition part[2];
+  arena_range position;    //!< [N] flat position of each token: h*W + w (shared), b*H*W + h*W + w
+  arena_range merge;       //!< [4 * N_next] patch-merging gather (merging.hpp), empty at the last stage
+  arena_range cu_seqlens;  //!< [M+1] per-sample token offsets, empty with a shared mask
+  arena_range unit_rank;   //!< last stage only, [M*H*W]: rank among the visible (>= 0) or -1 - rank among the masked
+};
+
+struct encoder_plan {
+  index_t num_masks = 0;
+  bool per_sample = false;
+  std::vector<encoder_stage> stages;
+  std::vector<index_t> arena;
+};
+
+//! Builds encoder plans in two phases, as CUB's temporary-storage calls: `prepare` plans every
+//! stage and lays out the arena (its size and every array's range), `write` fills caller memory
+//! (a torch tensor, pinned memory) with it. `run` does both into an owning `encoder_plan`.
+//! Keeps its planners and scratch between calls, so a warm planner allocates little. Not
+//! thread-safe: one per thread.
+class encoder_planner {
+ public:
+  //! Plans and lays out (no arena written): on success `layout` has every stage and
+  //! `arena_size()` the entries `write` needs. `mask` is [num_masks, mask_h, mask_w] (nonzero =
+  //! visible, row-major) at any resolution dividing the stage-1 grid (mask units or patches).
+  //! `per_sample`: the token axis of every stage is all samples' tokens, sample-major
+  //! (cu_seqlens); otherwise num_masks must be 1 (one mask shared by the batch). Token order,
+  //! window ids and slot layout are those of partition.hpp. Fails with invalid_argument
+  //! (geometry, a grid that does not halve num_stages-1 times), shape_mismatch (mask size, a
+  //! mask that does not tile the grid), empty_input (no visible token), misaligned (a 2x2 block
+  //! partly visible at some stage: the mask is finer than the last stride), the planner's
+  //! statuses (size_exceeds_group: a window above a fixed G or cap), overflow; `write` is then
+  //! not allowed. O(M * grid^2 + planning).
+  status prepare(span<const std::uint8_t> mask, index_t num_masks, index_t mask_h, index_t mask_w, bool per_sample,
+                 const encoder_geometry& geo, const encoder_plan_options& opt, encoder_plan& layout) {
+    ready_ = false;
+    if (status s = check(mask, num_masks, mask_h, mask_w, per_sample, geo); s != status::success) return s;
+    mask_ = mask.data();
+    M_ = num_masks;
+    mh_ = mask_h;
+    mw_ = mask_w;
+    grid_ = geo.grid;
+    per_sample_ = per_sample;
+    const size_t S = static_cast<size_t>(geo.num_stages);
+    if (st_.size() < S) st_.resize(S);
+    if (planners_.size() < S) planners_.resize(S);
+    encoder_plan r;
+    r.num_masks = num_masks;
+    r.per_sample = per_sample;
+    r.stages.resize(S);
+    size_ = 0;
+    for (size_t s = 0; s < S; ++s) {
+      stage_state& x = st_[s];
+      encoder_stage& o = r.stages[s];
+      o.height = o.width = geo.grid >> s;
+      if (s == 0) scan(0, x);
+      if (s == 0 && x.n == 0) return status::empty_input;
+      o.num_tokens = x.n;
+      const index_t channels = geo.embed_dim << s;
+      if (planners_[s].cost_model().channels != channels) planners_[s] = planner<flops_cost>(flops_cost{channels});
+      for (int k = 0; k < 2; ++k) {
+        const window_geometry g = make_window_geometry(o.height, o.width, geo.window, k == 0 ? 0 : geo.window / 2);
+        x.shared_shift = k == 1 && g.shift == 0;
+        if (x.shared_shift) {
+          o.part[1] = o.part[0];
+          continue;
+        }
+        if (status e = partition(g, planners_[s], opt, x, x.part[k], o.part[k]); e != status::success) return e;
+      }
+      o.position = take(o.num_tokens);
+      if (per_sample) o.cu_seqlens = take(static_cast<std::int64_t>(M_) + 1);
+      if (s + 1 < S) {
+        scan(static_cast<index_t>(s + 1), st_[s + 1]);
+        if (status e = merge(o.height, x, st_[s + 1]); e != status::success) return e;
+        o.merge = take(static_cast<std::int64_t>(x.g4.size()));
+      } else {
+        o.unit_rank = take(static_cast<std::int64_t>(M_) * o.height * o.width);
+      }
+    }
+    layout_ = r;
+    layout = std::move(r);
+    ready_ = true;
+    return status::success;
+  }
+
+  //! Entries of the arena the last successful `prepare` laid out.
+  std::int64_t arena_size() const { return size_; }
+
+  //! Writes the arena of the last successful `prepare` (`arena_size()` entries at `arena`).
+  //! Returns invalid_argument when there is none (or `arena` is null).
+  status write(index_t* arena) const {
+    if (!ready_ || (!arena && size_ > 0)) return status::invalid_argument;
+    for (size_t s = 0; s < layout_.stages.size(); ++s) {
+      const stage_state& x = st_[s];
+      const encoder_stage& o = layout_.stages[s];
+      for (int k = 0; k < (x.shared_shift ? 1 : 2); ++k) write_partition(x, x.part[k], o.part[k], arena);
+      index_t* p = arena + o.position.offset;
+      for (index_t b = 0; b < M_; ++b) {
+        const index_t base = per_sample_ ? b * o.height * o.width : 0;
+        for (index_t t = x.cu[static_cast<size_t>(b)]; t < x.cu[static_cast<size_t>(b) + 1]; ++t)
+          p[t] = base + coord_h(x.coords[static_cast<size_t>(t)]) * o.width + coord_w(x.coords[static_cast<size_t>(t)]);
+      }
+      if (per_sample_) copy(x.cu, arena + o.cu_seqlens.offset);
+      if (o.merge.size) copy(x.g4, arena + o.merge.offset);
+      if (o.unit_rank.size) write_unit_ranks(static_cast<index_t>(s), arena + o.unit_rank.offset);
+    }
+    return status::success;
+  }
+
+  //! prepare + write into `out.arena`.
+  status run(span<const std::uint8_t> mask, index_t num_masks, index_t mask_h, index_t mask_w, bool per_sample,
+             const encoder_geometry& geo, const encoder_plan_options& opt, encoder_plan& out) {
+    encoder_plan r;
+    if (status s = prepare(mask, num_masks, mask_h, mask_w, per_sample, geo, opt, r); s != status::success) return s;
+    r.arena.resize(static_cast<size_t>(size_));
+    if (status s = write(r.arena.data()); s != status::success) return s;
+    out = std::move(r);
+    return status::success;
+  }
+
+ private:
+  struct shift_state {
+    std::vector<index_t> offsets, tokens;  //!< windows in CSR form, tokens ascending within one
+    plan groups;
+  };
+  struct stage_state {
+    std::vector<index_t> coords, cu, g4;  //!< visible tokens (packed, row-major per sample; the first n), merge
+    index_t n = 0;
+    shift_state part[2];
+    bool shared_shift = false;
+  };
+
+  static status check(span<const std::uint8_t> mask, index_t M, index_t mh, index_t mw, bool per_sample,
+                      const encoder_geometry& geo) {
+    if (geo.num_stages < 1 || geo.num_stages > 16 || geo.grid < 1 || geo.grid > 32767 || geo.window < 1 ||
+        geo.window > 32767 || geo.embed_dim < 1 || geo.embed_dim > (1 << 20))
+      return status::invalid_argument;
+    if (geo.grid % (index_t{1} << (geo.num_stages - 1))) return status::invalid_argument;
+    if ((static_cast<std::int64_t>(geo.embed_dim) << (geo.num_stages - 1)) > (1 << 24)) return status::overflow;
+    if (M < 1 || mh < 1 || mw < 1 || (!per_sample && M != 1)) return status::invalid_argument;
+    if (geo.grid % mh || geo.grid % mw) return status::shape_mismatch;
+    if (mask.size() != static_cast<std::int64_t>(M) * mh * mw) return status::shape_mismatch;
+    // the arena holds about 12 entries per stage-1 token at most
+    if (static_cast<std::int64_t>(M) * geo.grid * geo.grid > (std::int64_t{1} << 27)) return status::overflow;
+    return status::success;
+  }
+
+  arena_range take(std::int64_t n) {
+    arena_range r{size_, n};
+    size_ += n;
+    return r;
+  }
+  static void copy(const std::vector<index_t>& v, index_t* dst) {
+    if (!v.empty()) std::memcpy(dst, v.data(), v.size() * sizeof(index_t));
+  }
+
+  //! Visible tokens of stage s into x.coords / x.cu. A row of tokens is scanned as runs of
+  //! columns that share one mask cell (8 at stage 1 for 32 px units and 4 px patches).
+  void scan(index_t s, stage_state& x) {
+    const index_t H = grid_ >> s, fh = grid_ / mh_, fw = grid_ / mw_;
+    runs_.clear();  // (mask column, first token column, end)
+    for (index_t w = 0; w < H; ++w) {
+      const index_t c = (w << s) / fw;
+      if (runs_.empty() || runs_[runs_.size() - 3] != c) runs_.insert(runs_.end(), {c, w, w + 1});
+      else runs_.back() = w + 1;
+    }
+    const size_t cap = static_cast<size_t>(M_) * H * H;
+    if (x.coords.size() < cap) x.coords.resize(cap);  // grows only: a warm planner writes in place
+    index_t* out = x.coords.data();
+    x.cu.assign(static_cast<size_t>(M_) + 1, 0);
+    for (index_t b = 0; b < M_; ++b) {
+      const std::uint8_t* m = mask_ + static_cast<std::int64_t>(b) * mh_ * mw_;
+      for (index_t h = 0; h < H; ++h) {
+        const std::uint8_t* row = m + static_cast<std::int64_t>((h << s) / fh) * mw_;
+        for (size_t r = 0; r < runs_.size(); r += 3)
+          if (row[runs_[r]])
+            for (index_t w = runs_[r + 1]; w < runs_[r + 2]; ++w) *out++ = pack_coord(h, w);
+      }
+      x.cu[static_cast<size_t>(b) + 1] = static_cast<index_t>(out - x.coords.data());
+    }
+    x.n = x.cu.back();
+  }
+
+  //! Windows (a counting sort of the tokens by window id) and the plan of one stage and shift.
+  status partition(const window_geometry& g, planner<flops_cost>& pl, const encoder_plan_options& opt,
+                   const stage_state& x, shift_state& y, encoder_partition& out) {
+    const index_t H = g.height, off = g.offset(), nww = g.windows_w(), nwps = g.num_windows();
+    const std::int64_t nw64 = static_cast<std::int64_t>(M_) * nwps;
+    if (nw64 > (std::int64_t{1} << 30)) return status::overflow;
+    const index_t nw = static_cast<index_t>(nw64), N = x.n;
+    row_.resize(static_cast<size_t>(H));
+    col_.resize(static_cast<size_t>(H));
+    for (index_t i = 0; i < H; ++i) {
+      row_[static_cast<size_t>(i)] = ((i + off) / g.window) * nww;
+      col_[static_cast<size_t>(i)] = (i + off) / g.window;
+    }
+    wid_.resize(static_cast<size_t>(N));
+    sizes_.assign(static_cast<size_t>(nw), 0);
+    for (index_t b = 0; b < M_; ++b)
+      for (index_t t = x.cu[static_cast<size_t>(b)]; t < x.cu[static_cast<size_t>(b) + 1]; ++t) {
+        const index_t c = x.coords[static_cast<size_t>(t)];
+        const index_t w = b * nwps + row_[static_cast<size_t>(coord_h(c))] + col_[static_cast<size_t>(coord_w(c))];
+        wid_[static_cast<size_t>(t)] = w;
+        ++sizes_[static_cast<size_t>(w)];
+      }
+    y.offsets.resize(static_cast<size_t>(nw) + 1);
+    y.offsets[0] = 0;
+    for (size_t w = 0; w < static_cast<size_t>(nw); ++w) y.offsets[w + 1] = y.offsets[w] + sizes_[w];
+    cursor_.assign(y.offsets.begin(), y.offsets.end() - 1);
+    y.tokens.resize(static_cast<size_t>(N));
+    for (index_t t = 0; t < N; ++t) y.tokens[static_cast<size_t>(cursor_[static_cast<size_t>(wid_[static_cast<size_t>(t)])]++)] = t;
+
+    planner_options po;
+    po.strat = opt.strat;
+    po.group_size = opt.group_size;
+    po.max_group_size = opt.max_group_size;
+    const bool sweeps = (opt.strat == strategy::fast || opt.strat == strategy::paper) && opt.group_size == 0;
+    if (po.max_group_size == 0 && opt.stage_cap && sweeps) po.max_group_size = opt.stage_cap(g.window);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (status e = pl.run(span<const index_t>(sizes_), po, y.groups); e != status::success) return e;
+    out.plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    const index_t G = y.groups.group_size, ng = y.groups.num_groups();
+    const std::int64_t slots = static_cast<std::int64_t>(ng) * G;
+    if (slots > (std::int64_t{1} << 30)) return status::overflow;
+    out.group_size = G;
+    out.num_groups = ng;
+    out.num_windows = nw;
+    out.window = g.window;
+    out.shift = g.shift;
+    out.budget_exhausted = y.groups.budget_exhausted;
+    out.cost = y.groups.cost;
+    out.lower_bound = y.groups.lower_bound;
+    out.gather = take(slots);
+    out.scatter = take(N);
+    out.slot_window = take(slots);
+    out.slot_coord = take(slots);
+    return status::success;
+  }
+
+  //! Group g's windows in plan order, each window's tokens ascending, padding at the end.
+  void write_partition(const stage_state& x, const shift_state& y, const encoder_partition& o, index_t* arena) const {
+    index_t* gather = arena + o.gather.offset;
+    index_t* scatter = arena + o.scatter.offset;
+    index_t* slot_window = arena + o.slot_window.offset;
+    index_t* slot_coord = arena + o.slot_coord.offset;
+    for (index_t gi = 0; gi < o.num_groups; ++gi) {
+      index_t slot = gi * o.group_size;
+      const index_t end = slot + o.group_size;
+      for (index_t w : y.groups.group(gi))
+        for (index_t k = y.offsets[static_cast<size_t>(w)]; k < y.offsets[static_cast<size_t>(w) + 1]; ++k, ++slot) {
+          const index_t t = y.tokens[static_cast<size_t>(k)];
+          gather[slot] = t;
+          scatter[t] = slot;
+          slot_window[slot] = w;
+          slot_coord[slot] = x.coords[static_cast<size_t>(t)];
+        }
+      for (; slot < end; ++slot) {
+        gather[slot] = slot_window[slot] = pad_index;
+        slot_coord[slot] = 0;
+      }
+    }
+  }
+
+  //! Patch merging of stage x into stage y (merging.hpp's order: (0,0), (1,0), (0,1), (1,1)).
+  //! A 2x2 block must be all visible or all masked.
+  status merge(index_t H, stage_state& x, const stage_state& y) {
+    if (H % 2) return status::invalid_argument;
+    index_of_.assign(static_cast<size_t>(H) * H, pad_index);  // stage-x token of each cell, one sample at a time
+    x.g4.resize(4 * static_cast<size_t>(y.n));
+    index_t* g4 = x.g4.data();
+    auto cell = [&](index_t t) { return coord_h(x.coords[static_cast<size_t>(t)]) * H + coord_w(x.coords[static_cast<size_t>(t)]); };
+    for (index_t b = 0; b < M_; ++b) {
+      const index_t first = x.cu[static_cast<size_t>(b)], last = x.cu[static_cast<size_t>(b) + 1];
+      if (last - first != 4 * (y.cu[static_cast<size_t>(b) + 1] - y.cu[static_cast<size_t>(b)])) return status::misaligned;
+      for (index_t t = first; t < last; ++t) index_of_[static_cast<size_t>(cell(t))] = t;
+      for (index_t u = y.cu[static_cast<size_t>(b)]; u < y.cu[static_cast<size_t>(b) + 1]; ++u) {
+        const index_t h = 2 * coord_h(y.coords[static_cast<size_t>(u)]), w = 2 * coord_w(y.coords[static_cast<size_t>(u)]);
+        for (index_t k = 0; k < 4; ++k) {
+          const index_t t = index_of_[static_cast<size_t>((h + (k & 1)) * H + w + (k >> 1))];
+          if (t == pad_index) return status::misaligned;
+          *g4++ = t;
+        }
+      }
+      for (index_t t = first; t < last; ++t) index_of_[static_cast<size_t>(cell(t))] = pad_index;
+    }
+    return status::success;
+  }
+
+  void write_unit_ranks(index_t s, index_t* p) const {
+    const index_t H = grid_ >> s, fh = grid_ / mh_, fw = grid_ / mw_;
+    for (index_t b = 0; b < M_; ++b) {
+      const std::uint8_t* m = mask_ + static_cast<std::int64_t>(b) * mh_ * mw_;
+      index_t vis = 0, hid = 0;
+      for (index_t h = 0; h < H; ++h)
+        for (index_t w = 0; w < H; ++w)
+          *p++ = m[static_cast<std::int64_t>((h << s) / fh) * mw_ + (w << s) / fw] ? vis++ : -1 - hid++;
+    }
+  }
+
+  const std::uint8_t* mask_ = nullptr;
+  index_t M_ = 0, mh_ = 1, mw_ = 1, grid_ = 1;
+  bool per_sample_ = false, ready_ = false;
+  std::int64_t size_ = 0;
+  encoder_plan layout_;
+  std::vector<stage_state> st_;
+  std::vector<planner<flops_cost>> planners_;
+  std::vector<index_t> runs_, row_, col_, wid_, sizes_, cursor_, index_of_;
+};
+
+}  // namespace greenmim
