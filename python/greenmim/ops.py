@@ -20,7 +20,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _backend
+from . import _backend, _cpu_attention
 
 if not hasattr(torch.library, "custom_op") or not hasattr(torch.library, "register_autograd"):
     raise ImportError(f"greenmim needs PyTorch >= 2.4 (torch.library.custom_op); this is torch {torch.__version__}")
@@ -226,6 +226,14 @@ def _autocast(*ts: Tensor) -> List[Tensor]:
     return list(ts)
 
 
+def _torch_cpu(t: Tensor, algo: str) -> bool:
+    """Eager CPU tensors with algo "auto" run in torch's batched kernels (_cpu_attention.py).
+    Under torch.compile they take the custom op, opaque as on CUDA (a small graph, quick to
+    compile; its CPU kernel is the reference)."""
+    return algo == "auto" and t.device.type == "cpu" and not _backend.emulating() and \
+        not torch.compiler.is_compiling()
+
+
 def group_window_attention(q: Tensor, k: Tensor, v: Tensor, bias_table: Optional[Tensor], partition,
                            window: Optional[int] = None, scale: Optional[float] = None,
                            algo: str = "auto") -> Tensor:
@@ -235,8 +243,16 @@ def group_window_attention(q: Tensor, k: Tensor, v: Tensor, bias_table: Optional
     exactly), with the relative-position bias ``bias_table[(2p-1)^2, heads]`` (None: no bias).
     Differentiable in q, k, v and bias_table. ``scale`` defaults to ``head_dim ** -0.5``;
     ``window`` to the partition's (after Swin's small-stage rule). ``algo``: "auto", "simt" or
-    "mma" (CUDA only; see kernels.h)."""
+    "mma" (CUDA only; see kernels.h). On CPU "auto" runs torch's batched matmuls (the output of
+    a window with a NaN or inf is computed again exactly) and "reference" the Eigen reference."""
     w, s = _resolve(q, bias_table, partition, window, scale)
+    if _torch_cpu(q, algo):
+        _backend.check_inputs(q, k, v, bias_table, partition.gather, partition.scatter, partition.slot_window,
+                              partition.slot_coord, partition.group_size, w)
+        o = _cpu_attention.attention(q, k, v, bias_table, partition, w, s)
+        if _cpu_attention.finite(o):     # else: the exact path isolates the NaN or inf
+            return o
+    algo = "auto" if algo == "reference" else algo
     q, k, v = _autocast(q, k, v)
     o, _ = torch.ops.greenmim.attention_fwd(q, k, v, bias_table, partition.gather, partition.scatter,
                                             partition.slot_window, partition.slot_coord, partition.group_size, w, s,
@@ -250,6 +266,14 @@ def group_window_attention_packed(qkv: Tensor, bias_table: Optional[Tensor], par
     """As :func:`group_window_attention` on the packed ``[B, N, 3, heads, head_dim]`` projection
     (``qkv(x).view(B, N, 3, heads, head_dim)``): no copy in, one packed gradient out."""
     w, s = _resolve(qkv, bias_table, partition, window, scale)
+    if _torch_cpu(qkv, algo):
+        q, k, v = _split_packed(qkv)
+        _backend.check_inputs(q, k, v, bias_table, partition.gather, partition.scatter, partition.slot_window,
+                              partition.slot_coord, partition.group_size, w)
+        o = _cpu_attention.attention_packed(qkv, bias_table, partition, w, s)
+        if _cpu_attention.finite(o):     # else: the exact path isolates the NaN or inf
+            return o
+    algo = "auto" if algo == "reference" else algo
     (qkv,) = _autocast(qkv)
     o, _ = torch.ops.greenmim.attention_packed_fwd(qkv, bias_table, partition.gather, partition.scatter,
                                                    partition.slot_window, partition.slot_coord, partition.group_size,

@@ -48,19 +48,24 @@ def test_released_path_agrees():
                                greenmim.released_group_attention(q, k, v, bias, part), rtol=1e-10, atol=1e-12)
 
 
-def test_gradcheck_attention():
+# "auto" is torch's batched kernels on CPU (autograd's backward); "reference" the custom op with
+# the Eigen reference's hand-written backward.
+@pytest.mark.parametrize("algo", ["auto", "reference"])
+def test_gradcheck_attention(algo):
     part, q, k, v, bias = _case(grid=14, unit=7, heads=2, head_dim=3, B=1)
     for t in (q, k, v, bias):
         t.requires_grad_()
-    assert torch.autograd.gradcheck(lambda *a: greenmim.group_window_attention(*a, part), (q, k, v, bias))
+    assert torch.autograd.gradcheck(lambda *a: greenmim.group_window_attention(*a, part, algo=algo), (q, k, v, bias))
 
 
-def test_gradcheck_packed_and_partition():
+@pytest.mark.parametrize("algo", ["auto", "reference"])
+def test_gradcheck_packed_and_partition(algo):
     part, q, *_ = _case(grid=14, unit=7, heads=1, head_dim=2, B=1)
     N = part.num_tokens
     qkv = torch.randn(1, N, 3, 1, 2, dtype=torch.float64, requires_grad=True)
     bias = torch.randn(169, 1, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, b: greenmim.group_window_attention_packed(a, b, part), (qkv, bias))
+    assert torch.autograd.gradcheck(lambda a, b: greenmim.group_window_attention_packed(a, b, part, algo=algo),
+                                    (qkv, bias))
     x = torch.randn(2, N, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a: greenmim.partition_tokens(a, part), (x,))
     y = torch.randn(2, part.num_groups * part.group_size, 3, dtype=torch.float64, requires_grad=True)
@@ -100,22 +105,46 @@ def test_partition_round_trip_and_adjoint():
         torch.testing.assert_close(lhs, rhs, rtol=1e-12, atol=1e-12)
 
 
-def test_nan_does_not_cross_windows():
+@pytest.mark.parametrize("algo", ["auto", "reference"])
+def test_nan_does_not_cross_windows(algo):
     part, q, k, v, bias = _case(grid=14, unit=2, shift=0)
     tw = part.token_window
     victim = int(tw[0])
     v = v.clone()
     v[:, tw == victim] = float("nan")
-    o = greenmim.group_window_attention(q, k, v, bias, part)
+    o = greenmim.group_window_attention(q, k, v, bias, part, algo=algo)
+    assert torch.isnan(o[:, tw == victim]).all()
+    assert torch.isfinite(o[:, tw != victim]).all()
+    qkv = torch.stack([q, k, v], 2)             # the packed path, with a NaN in K of that window too
+    qkv[:, tw == victim, 1] = float("nan")
+    o = greenmim.group_window_attention_packed(qkv, bias, part, algo=algo)
     assert torch.isnan(o[:, tw == victim]).all()
     assert torch.isfinite(o[:, tw != victim]).all()
 
 
-def test_float32_on_cpu():
+@pytest.mark.parametrize("algo", ["auto", "reference"])
+def test_float32_on_cpu(algo):
     part, q, k, v, bias = _case(dtype=torch.float32)
-    o = greenmim.group_window_attention(q, k, v, bias, part)
+    o = greenmim.group_window_attention(q, k, v, bias, part, algo=algo)
     ref = oracle_attention(q.double(), k.double(), v.double(), bias.double(), part, part.window)
     torch.testing.assert_close(o.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_paths_agree_forward_and_backward():
+    """torch's batched kernels (auto) against the Eigen reference: outputs and every gradient,
+    shared and per-sample partitions, with and without a bias table."""
+    for batch, with_bias in ((None, True), (3, True), (None, False)):
+        part, q, k, v, bias = _case(grid=28, unit=4, batch=batch)
+        qkv = torch.stack([q, k, v], 2).requires_grad_()
+        b = bias.requires_grad_() if with_bias else None
+        g = torch.randn(q.shape, dtype=q.dtype)
+        outs = {}
+        for algo in ("auto", "reference"):
+            o = greenmim.group_window_attention_packed(qkv, b, part, algo=algo)
+            outs[algo] = (o, torch.autograd.grad(o, [qkv] + ([b] if with_bias else []), g))
+        torch.testing.assert_close(outs["auto"][0], outs["reference"][0], rtol=1e-12, atol=1e-12)
+        for x, y in zip(outs["auto"][1], outs["reference"][1]):
+            torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck needs a newer torch")
