@@ -3,6 +3,7 @@
 // merge_indices; on random shared and per-sample masks, several geometries and group caps.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -74,7 +75,7 @@ void check_against_general_builders(const mask_batch& m, bool per_sample, const 
                           : build_windows(g, span<const index_t>(coords), wl)) == status::success);
       planner_options po;
       po.strat = opt.strat;
-      po.group_size = opt.group_size;
+      po.group_size = opt.window_area_groups ? g.window * g.window : opt.group_size;
       po.max_group_size = opt.max_group_size;
       plan want_plan;
       REQUIRE(make_plan(span<const index_t>(wl.sizes()), po, flops_cost{geo.embed_dim << s}, want_plan) ==
@@ -86,6 +87,7 @@ void check_against_general_builders(const mask_batch& m, bool per_sample, const 
       CHECK(got.window == g.window);
       CHECK(got.shift == g.shift);
       CHECK(got.group_size == want.group_size);
+      if (opt.window_area_groups) CHECK(got.group_size == std::min(g.window * g.window, st.num_tokens));  // capped at N
       CHECK(got.num_groups == want.num_groups);
       CHECK(got.cost == doctest::Approx(want_plan.cost));
       CHECK(slice(p.arena, got.gather) == want.gather);
@@ -147,7 +149,7 @@ TEST_CASE("encoder plan equals the general builders (random masks, geometries, c
       {{32, 5, 3, 16}, 4},    // odd window, 3 stages
   };
   for (const geo_case& c : cases) {
-    for (int rep = 0; rep < 6; ++rep) {
+    for (int rep = 0; rep < 7; ++rep) {
       const bool per_sample = rep % 2 == 1;
       const index_t M = per_sample ? 1 + static_cast<index_t>(rng() % 5) : 1;
       // 16 px units do not cover the last stage's 32 px tokens: only masks of whole 2x2 unit blocks merge
@@ -163,6 +165,7 @@ TEST_CASE("encoder plan equals the general builders (random masks, geometries, c
       if (rep == 2) opt.strat = strategy::paper;
       if (rep == 3) opt.max_group_size = c.geo.window * c.geo.window;
       if (rep == 4) opt.strat = strategy::per_window;
+      if (rep == 6) opt.window_area_groups = true;
       CAPTURE(c.geo.grid);
       CAPTURE(c.geo.window);
       CAPTURE(rep);

@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
 """The paper's claim, measured: one pretraining step of a Swin encoder on masked images.
 
-Rows (encoder forward + backward + AdamW step; bf16 autocast on CUDA; the decoder is out of
-scope, the loss is the mean square of the encoder's output):
+Rows (encoder forward + backward + AdamW step; bf16 autocast on CUDA; the loss is the mean
+square of the encoder's output; with --full, each row is the whole pretraining model):
   simmim      timm's SwinTransformer on all tokens, masked patches replaced by a mask token
   greenmim    our visible-token encoder, greenmim's ops, one mask shared by the batch
   per-sample  the same with a different mask per sample, packed across the batch
   released    our visible-token encoder with the released attention path in plain PyTorch
+--full: the paper's real comparison, whole models (encoder, decoder, loss):
+  simmim      SimMIM: timm's Swin with a mask token, its linear decoder (1x1 conv + pixel
+              shuffle to the 32 px stride) and L1 on the masked pixels
+  greenmim    greenmim.GreenMIM (decoder 512 x 1 block; 128 for the toy), shared mask
+  per-sample  the same, per-sample masks
+  released    greenmim.GreenMIM with the released attention path
 Each step draws a new mask and plans it (cache off), so planning and index building are in the
 step time. Prints a table (median step time after warm-up, peak memory), the ratios the issue
 sets as targets, and a per-stage breakdown like the paper's appendix table.
 
-    python bench/gpu/train_step.py --model swin_base_patch4_window7_224 --batch 128
-    python bench/gpu/train_step.py --toy          # CPU, tiny model: the CI smoke run
+    python bench/gpu/train_step.py --model swin_base_patch4_window7_224 --batch 128 [--full]
+    python bench/gpu/train_step.py --cpu          # the --full rows for a toy Swin on this CPU
+    python bench/gpu/train_step.py --toy          # CPU, tiny model, 1 step: the CI smoke run
 """
 from __future__ import annotations
 
@@ -55,6 +62,23 @@ class SimMIMSwin(nn.Module):
         return self.swin.norm(self.swin.layers(x))
 
 
+class SimMIM(nn.Module):
+    """SimMIM's whole model: the encoder above, a 1x1 conv to stride^2 * 3 channels, a pixel
+    shuffle back to the image, and L1 on the masked pixels (SimMIM's simmim.py)."""
+
+    def __init__(self, encoder: SimMIMSwin, num_features: int, stride: int = 32):
+        super().__init__()
+        self.encoder, self.stride = encoder, stride
+        self.decoder = nn.Sequential(nn.Conv2d(num_features, stride ** 2 * 3, kernel_size=1), nn.PixelShuffle(stride))
+
+    def forward(self, img: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        z = self.encoder(img, masked)                                   # [B, h, w, C]
+        rec = self.decoder(z.permute(0, 3, 1, 2).contiguous())
+        p = img.shape[-1] // masked.shape[-1]                           # patch size
+        m = masked.repeat_interleave(p, 1).repeat_interleave(p, 2).unsqueeze(1).to(rec.dtype)
+        return (torch.abs(img - rec) * m).sum() / (m.sum() + 1e-5) / 3
+
+
 class Clock:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -71,15 +95,21 @@ def unit_masks(batch: int, per_sample: bool, ratio: float, gen: torch.Generator,
 
 
 def make_row(row: str, cfg: dict, args, device):
+    width = cfg["embed_dim"] << (len(cfg["depths"]) - 1)
     if row == "simmim":
         import timm
         cls = timm.models.swin_transformer_v2.SwinTransformerV2 if args.v2 else \
             timm.models.swin_transformer.SwinTransformer
         m = cls(img_size=args.img, num_classes=0, window_size=args.window, drop_path_rate=0.0, **cfg)
-        return SimMIMSwin(m, cfg["embed_dim"]).to(device)
+        enc = SimMIMSwin(m, cfg["embed_dim"])
+        return (SimMIM(enc, width) if args.full else enc).to(device)
     impl = "released" if row == "released" else "greenmim"
     cls = greenmim.VisibleSwinTransformerV2 if args.v2 else greenmim.VisibleSwinTransformer
-    return cls(img_size=args.img, window_size=args.window, attn_impl=impl, **cfg).to(device)
+    enc = cls(img_size=args.img, window_size=args.window, attn_impl=impl, **cfg)
+    if not args.full:
+        return enc.to(device)
+    dec = dict(decoder_embed_dim=128, decoder_num_heads=4) if cfg["embed_dim"] <= 32 else {}
+    return greenmim.GreenMIM(enc, **dec).to(device)
 
 
 def run_row(row: str, cfg: dict, args, device) -> dict:
@@ -104,7 +134,8 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
             else:
                 plan = model.plan(units, device=device, cache=False)
                 out = model(img, plan)
-            loss = out.float().square().mean()
+            loss = out.float() if args.full and row == "simmim" else \
+                (out[0].float() if args.full else out.float().square().mean())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -194,7 +225,13 @@ def main(argv=None) -> int:
     ap.add_argument("--csv", default=None, help="also write the rows here")
     ap.add_argument("--no-breakdown", action="store_true")
     ap.add_argument("--toy", action="store_true", help="tiny model, batch 2, 2 steps, CPU: a smoke run")
+    ap.add_argument("--full", action="store_true", help="whole pretraining models (encoder, decoder, loss)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="--full rows for a toy Swin (embed 32) at batch 16 on this CPU, no breakdown")
     args = ap.parse_args(argv)
+    if args.cpu:
+        args.model, args.full, args.device, args.no_breakdown = "toy", True, "cpu", True
+        args.batch = args.batch if args.batch != 128 else 16
     if args.toy:
         args.model = "toy-v2" if MODELS[args.model][3] else "toy"
         args.batch, args.steps, args.warmup, args.reps, args.device = 2, 1, 1, 1, "cpu"
@@ -206,7 +243,7 @@ def main(argv=None) -> int:
     cfg, img, args.window, args.v2 = MODELS[args.model]
     args.img = args.img or img
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"== train step: {args.model}, batch {args.batch}, {args.img} px, ratio {args.ratio}, "
+    print(f"== train step{' (whole models)' if args.full else ''}: {args.model}, batch {args.batch}, {args.img} px, ratio {args.ratio}, "
           f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}, AdamW, {name}, torch {torch.__version__}")
     results = []
     for r in rows:

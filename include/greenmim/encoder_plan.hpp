@@ -35,6 +35,10 @@ struct encoder_geometry {
 struct encoder_plan_options {
   strategy strat = strategy::fast;
   index_t group_size = 0;      //!< > 0 fixes G at every stage (fast and paper only)
+  //! Fixes G at each stage to its window's area p*p (capped at the stage's token count, as any
+  //! fixed G; fast and paper only): plans of different masks then differ in their number of
+  //! groups alone (what torch.compile's dynamic shapes need).
+  bool window_area_groups = false;
   index_t max_group_size = 0;  //!< > 0 caps G at every stage; 0: see stage_cap
   //! When set (and neither group_size nor max_group_size is, with fast or paper): the cap of a
   //! stage whose effective window is `w` (e.g. a kernel's fast-path limit); 0 means none.
@@ -272,9 +276,9 @@ class encoder_planner {
 
     planner_options po;
     po.strat = opt.strat;
-    po.group_size = opt.group_size;
+    po.group_size = opt.window_area_groups ? g.window * g.window : opt.group_size;
     po.max_group_size = opt.max_group_size;
-    const bool sweeps = (opt.strat == strategy::fast || opt.strat == strategy::paper) && opt.group_size == 0;
+    const bool sweeps = (opt.strat == strategy::fast || opt.strat == strategy::paper) && po.group_size == 0;
     if (po.max_group_size == 0 && opt.stage_cap && sweeps) po.max_group_size = opt.stage_cap(g.window);
     const auto t0 = std::chrono::steady_clock::now();
     if (status e = pl.run(span<const index_t>(sizes_), po, y.groups); e != status::success) return e;

@@ -151,8 +151,10 @@ typedef struct gmh_plan_stage {
  *  uint8 (nonzero = visible) at any resolution dividing the stage-1 grid `grid` (image / patch);
  *  per_sample = 0 needs num_masks == 1 (one mask shared by the batch). Stage s has a grid >> s
  *  grid, windows of `window` (shifted by window/2 on odd blocks, Swin's small-stage rule) and
- *  embed_dim << s channels for the cost model. max_group_size > 0 caps G at every stage, 0 sets
- *  no cap, < 0 caps each stage at gmh_fast_path_max_group(its window) (fast and paper, G swept). */
+ *  embed_dim << s channels for the cost model. group_size > 0 fixes G at every stage, 0 lets the
+ *  planner sweep, -1 fixes each stage's G at its window's area (fast and paper). max_group_size
+ *  > 0 caps G at every stage, 0 sets no cap, < 0 caps each stage at gmh_fast_path_max_group(its
+ *  window) (fast and paper, G swept). */
 typedef struct gmh_encoder_args {
   const uint8_t* visible;
   int32_t num_masks, mask_height, mask_width, per_sample;

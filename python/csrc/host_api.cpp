@@ -206,9 +206,11 @@ int check_encoder_args(const gmh_encoder_args& a) {
     return fail("a " + std::to_string(a.mask_height) + "x" + std::to_string(a.mask_width) + " mask does not tile the " +
                 std::to_string(a.grid) + "x" + std::to_string(a.grid) + " patch grid (give it at mask-unit or patch resolution)");
   if (!valid_strategy(a.strategy)) return fail("unknown strategy " + std::to_string(a.strategy));
-  if (a.group_size < 0) return fail("group_size must be >= 0 (0 = sweep), got " + std::to_string(a.group_size));
+  if (a.group_size < -1)
+    return fail("group_size must be >= -1 (0 = sweep, -1 = each stage's window area), got " +
+                std::to_string(a.group_size));
   const bool sweeps = a.strategy == GMH_FAST || a.strategy == GMH_PAPER;
-  if ((a.group_size > 0 || a.max_group_size > 0) && !sweeps)
+  if ((a.group_size != 0 || a.max_group_size > 0) && !sweeps)
     return fail("group_size and max_group_size apply to the fast and paper strategies only");
   if (a.group_size > 0 && a.max_group_size > 0 && a.group_size > a.max_group_size)
     return fail("group_size " + std::to_string(a.group_size) + " > max_group_size " + std::to_string(a.max_group_size));
@@ -416,7 +418,8 @@ int gmh_encoder_plan_prepare(gmh_encoder_planner* p, const gmh_encoder_args* a, 
     encoder_geometry geo{a->grid, a->window, a->num_stages, a->embed_dim};
     encoder_plan_options opt;
     opt.strat = static_cast<strategy>(a->strategy);
-    opt.group_size = a->group_size;
+    opt.group_size = a->group_size > 0 ? a->group_size : 0;
+    opt.window_area_groups = a->group_size == -1;
     opt.max_group_size = a->max_group_size > 0 ? a->max_group_size : 0;
     if (a->max_group_size < 0) opt.stage_cap = &greenmim::fast_path_max_group;
     encoder_plan layout;

@@ -136,6 +136,16 @@ class MaskPlan:
             return self
         return MaskPlan(self.arena.to(device, non_blocking=non_blocking), self.layout)
 
+    def mark_dynamic(self) -> "MaskPlan":
+        """Marks the slot axis of every partition dynamic for torch.compile (call it on each step's
+        plan, after :meth:`to`). With ``plan_masks(..., group_size=-1)`` (G fixed at each stage's
+        window area) that axis is the only thing masks change: one graph serves every mask."""
+        for st in self.stages:
+            for p in st.partitions:
+                for t in (p.gather, p.slot_window, p.slot_coord):
+                    torch._dynamo.mark_dynamic(t, 0)
+        return self
+
     def pin_memory(self, device=None) -> "MaskPlan":
         return MaskPlan(self.arena.pin_memory() if device is None else self.arena.pin_memory(device), self.layout)
 
@@ -363,8 +373,10 @@ def plan_masks(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, win
     * 2^s (the planner's cost model), windows of ``window_size`` shifted by half on odd blocks.
     The indices are built on the host and the arena is copied to ``device`` (default: the
     mask's) once. ``max_group_size``: see :func:`stage_partition` (default: G kept on the
-    tensor-core kernels where windows allow; 0: no cap). Plans are cached per (mask, geometry,
-    planner settings, device): a hit costs a hash of the mask."""
+    tensor-core kernels where windows allow; 0: no cap). ``group_size``: 0 lets the planner sweep
+    G, > 0 fixes it, -1 fixes each stage's G at its window's area (p*p): plans of different masks
+    then differ only in their number of groups (torch.compile, :meth:`MaskPlan.mark_dynamic`).
+    Plans are cached per (mask, geometry, planner settings, device): a hit costs a hash of the mask."""
     if not isinstance(visible, Tensor) or visible.dtype != torch.bool:
         raise GreenmimError("greenmim: the mask must be a bool tensor (True = visible)")
     if visible.dim() not in (2, 3):

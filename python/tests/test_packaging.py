@@ -31,3 +31,8 @@ def test_pip_install_into_target(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     n, path = r.stdout.split()
     assert n == "768" and path.startswith(str(tmp_path / "site"))
+    # the installed copy has the pretraining command too (its subpackage is packaged)
+    r = subprocess.run([sys.executable, "-m", "greenmim.pretrain", "--help"], capture_output=True, text=True,
+                       env=env2, timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 0 and "--per_sample_masks" in r.stdout, r.stderr[-2000:]
+    assert (tmp_path / "site" / "greenmim" / "pretrain" / "engine.py").exists()

@@ -38,3 +38,14 @@ def test_train_step_rejects_unknown_rows():
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
     assert out.returncode == 2 and "unknown rows" in out.stderr
+
+
+def test_train_step_full_models_rows():
+    """--full: whole models (SimMIM's linear decoder and L1; GreenMIM's decoder and loss)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, str(ROOT / "bench/gpu/train_step.py"), "--toy", "--full", "--no-breakdown"],
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "train step (whole models): toy" in out.stdout
+    for row in ("simmim", "greenmim", "per-sample", "released"):
+        assert f"| {row} |" in out.stdout

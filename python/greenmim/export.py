@@ -1,0 +1,120 @@
+"""``python -m greenmim.export CKPT OUT``: the encoder of a GreenMIM checkpoint in timm's names
+and layout, for fine-tuning with timm:
+
+    timm.create_model("swin_base_patch4_window7_224", pretrained=True,
+                      pretrained_cfg_overlay=dict(file="OUT"))
+
+CKPT is a ``greenmim.pretrain`` checkpoint, a GreenMIM state dict, or a checkpoint of the
+released code (then ``--layout 2022`` for every checkpoint its README links, ``2023`` for weights
+trained after its merge fix: see :mod:`greenmim.checkpoint`). The file holds the encoder and a
+fresh classifier head (timm reads a file without ``head.fc`` as an old-format Swin checkpoint and
+shifts its patch-merging keys), and the command prints the ``timm.create_model`` call that loads
+it, with the architecture arguments timm needs when the model is not one of its presets.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+
+from . import checkpoint as ckpt_io
+from ._lib import GreenmimError
+
+_SIZES = {96: "tiny", 128: "base", 192: "large"}
+
+
+def infer_architecture(sd: Dict[str, torch.Tensor]) -> Tuple[str, dict]:
+    """(timm model name, extra create_model kwargs) for an encoder state dict in timm's names."""
+    v2 = any(k.endswith("cpb_mlp.0.weight") for k in sd)
+    embed = sd["patch_embed.proj.weight"].shape[0]
+    patch = sd["patch_embed.proj.weight"].shape[-1]
+    stages = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("layers."))
+    depths = tuple(1 + max((int(k.split(".")[3]) for k in sd if k.startswith(f"layers.{i}.blocks.")), default=-1)
+                   for i in range(stages))
+    if v2:
+        heads = tuple(sd[f"layers.{i}.blocks.0.attn.logit_scale"].shape[0] for i in range(stages))
+        window = None
+    else:
+        heads = tuple(sd[f"layers.{i}.blocks.0.attn.relative_position_bias_table"].shape[1] for i in range(stages))
+        window = (int(round(sd["layers.0.blocks.0.attn.relative_position_bias_table"].shape[0] ** 0.5)) + 1) // 2
+    size = _SIZES.get(embed)
+    if size == "tiny" and depths[2] == 18:
+        size = "small"
+    arch = dict(embed_dim=embed, depths=depths, num_heads=heads, patch_size=patch)
+    known = size is not None and patch == 4 and depths[:2] == (2, 2) and stages == 4
+    if v2:
+        name = f"swinv2_{size}_window8_256" if known else "swinv2_tiny_window8_256"
+        return name, ({} if known else arch)
+    name = f"swin_{size}_patch4_window7_224" if known else "swin_tiny_patch4_window7_224"
+    extra = {} if known else arch
+    if window != 7:
+        extra["window_size"] = window
+    return name, extra
+
+
+def export(src, out: str, layout: Optional[str] = None, num_classes: int = 1000,
+           img_size: Optional[int] = None) -> Tuple[str, dict]:
+    """Writes the encoder of ``src`` (a path or a loaded checkpoint) to ``out`` in timm's format;
+    returns the timm model name and create_model kwargs that load it."""
+    obj = torch.load(src, map_location="cpu", weights_only=False) if isinstance(src, str) else src
+    sd = ckpt_io.unwrap(obj)
+    if ckpt_io.is_released(sd):
+        sd = ckpt_io.from_released(sd, layout)
+    elif layout is not None:
+        raise GreenmimError(f"greenmim: --layout {layout} applies to released checkpoints; this one is greenmim's")
+    timm_sd = ckpt_io.encoder_to_timm(sd, num_classes)
+    name, kwargs = infer_architecture(timm_sd)
+    cfg = obj.get("config", {}) if isinstance(obj, dict) else {}
+    size = img_size or cfg.get("img_size")
+    if size and str(size) not in name.split("_")[-1]:
+        kwargs["img_size"] = size
+    if cfg.get("window_size") and "window_size" not in kwargs and f"window{cfg['window_size']}" not in name:
+        kwargs["window_size"] = cfg["window_size"]
+    if num_classes != 1000:
+        kwargs["num_classes"] = num_classes
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = f"{out}.tmp-{os.getpid()}"
+    try:
+        torch.save(timm_sd, tmp)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return name, kwargs
+
+
+def create_model_call(name: str, kwargs: dict, out: str) -> str:
+    extra = "".join(f", {k}={v!r}" for k, v in kwargs.items())
+    return f"timm.create_model({name!r}, pretrained=True, pretrained_cfg_overlay=dict(file={out!r}){extra})"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m greenmim.export", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("checkpoint", help="greenmim.pretrain checkpoint, GreenMIM state dict, or released checkpoint")
+    p.add_argument("out", help="the timm weights file to write")
+    p.add_argument("--layout", choices=ckpt_io.RELEASED_LAYOUTS, default=None,
+                   help="released checkpoints only: their patch-merging layout (2022: every README link)")
+    p.add_argument("--num_classes", type=int, default=1000,
+                   help="classes of the fresh head (0: none; load with num_classes=0)")
+    p.add_argument("--img_size", type=int, default=None, help="image size to fine-tune at (default: pretraining's)")
+    a = p.parse_args(argv)
+    if not os.path.isfile(a.checkpoint):
+        print(f"greenmim.export: error: {a.checkpoint}: no such file", file=sys.stderr)
+        return 2
+    try:
+        name, kwargs = export(a.checkpoint, a.out, a.layout, a.num_classes, a.img_size)
+    except (GreenmimError, KeyError, ValueError) as e:
+        print(f"greenmim.export: error: {e}", file=sys.stderr)
+        return 2
+    head = f"a fresh {a.num_classes}-class head" if a.num_classes else "no head"
+    print(f"greenmim.export: wrote {a.out} (timm's {name.split('_')[0]} layout, {head}); load it with\n"
+          f"  {create_model_call(name, kwargs, a.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""GreenMIM pretraining from one command: ``python -m greenmim.pretrain`` (or ``greenmim-pretrain``).
+
+The paper's model (:class:`greenmim.GreenMIM`) and the released recipe (AdamW, per-iteration
+warm-up and cosine, norm_pix_loss, 32 px mask units at ratio 0.75), under torchrun with DDP or
+FSDP2, with per-sample masks, bf16 or fp16 autocast, torch.compile, exact resume and atomic
+checkpoints. docs/pretraining.md describes every flag.
+"""
+from .cli import main
+
+__all__ = ["main"]

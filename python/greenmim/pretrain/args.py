@@ -1,0 +1,124 @@
+"""The command line of ``python -m greenmim.pretrain``: the released ``main_pretrain.py`` flags
+(their scripts keep working) and greenmim's own, each with its default in ``--help``."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from .. import mim
+
+
+class UsageError(ValueError):
+    """A bad argument: one line on stderr and exit code 2, before anything is written."""
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" unless the help already says what the default is."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is None or action.default is argparse.SUPPRESS:
+            return text
+        return super()._get_help_string(action)
+
+
+def _fmt(prog):
+    return _Formatter(prog, max_help_position=32, width=100)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m greenmim.pretrain", formatter_class=_fmt,
+        description="GreenMIM pretraining (the paper's model and recipe) on the visible tokens of masked images. "
+                    "One process, or many under torchrun (DDP; FSDP2 with --fsdp). Without --data_path it trains "
+                    "on photographs that ship with scikit-image, so it runs on a fresh machine as is.",
+        epilog="docs/pretraining.md: the recipe, multi-GPU and multi-node (torchrun, Slurm), resume, export to timm.")
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default="green_mim_swin_base_patch4_dec512b1",
+                   help="one of: " + ", ".join(mim.model_names()))
+    g.add_argument("--input_size", default=None, type=int, help="image side in pixels (default: the model's)")
+    g.add_argument("--window_size", default=None, type=int, help="window side in tokens (default: the model's)")
+    g.add_argument("--mask_ratio", default=0.75, type=float, help="share of mask units hidden (0 < r < 1)")
+    g.add_argument("--norm_pix_loss", dest="norm_pix_loss", action="store_true", default=True,
+                   help="targets are each unit's normalised pixels (on by default; the released flag is accepted)")
+    g.add_argument("--no_norm_pix_loss", dest="norm_pix_loss", action="store_false", help="raw pixel targets")
+    g.add_argument("--per_sample_masks", action="store_true",
+                   help="a different mask for every image (default: one mask per micro-batch, as released)")
+    g.add_argument("--decoder_order", default="greenmim", choices=mim.DECODER_ORDERS,
+                   help="'greenmim': each visible latent at its own unit; 'released': a random permutation of "
+                        "them among the visible units, as the released code does (docs/pretraining.md)")
+    g.add_argument("--decoder_depth", default=None, type=int, help="decoder blocks (default: the model's, 1)")
+    g.add_argument("--drop_path", default=0.0, type=float, help="stochastic depth of the encoder")
+    g = p.add_argument_group("optimization")
+    g.add_argument("--batch_size", default=64, type=int,
+                   help="images per GPU (process) and micro-batch; effective batch = batch_size x accum_iter x "
+                        "processes")
+    g.add_argument("--epochs", default=400, type=int, help="length of the schedule")
+    g.add_argument("--max_steps", default=None, type=int,
+                   help="stop after this many optimizer steps in all (the schedule still spans --epochs)")
+    g.add_argument("--accum_iter", default=1, type=int, help="micro-batches accumulated per optimizer step")
+    g.add_argument("--weight_decay", default=0.05, type=float, help="AdamW's, off for norms, biases, position tables")
+    g.add_argument("--lr", default=None, type=float, help="absolute learning rate (default: blr x batch / 256)")
+    g.add_argument("--blr", default=1.5e-4, type=float,
+                   help="base learning rate: lr = blr x effective batch / 256 (the paper's 1.5e-4)")
+    g.add_argument("--min_lr", default=0.0, type=float, help="end of the cosine schedule")
+    g.add_argument("--warmup_epochs", default=40, type=float, help="linear warm-up, per iteration")
+    g.add_argument("--amp", default=None, choices=("bf16", "fp16", "off"),
+                   help="autocast dtype (default: bf16 on CUDA, off on CPU); fp16 uses a GradScaler")
+    g.add_argument("--compile", action="store_true",
+                   help="torch.compile the model: G fixed at each stage's window area and the group axis "
+                        "dynamic, so fresh masks do not recompile (docs/pretraining.md)")
+    g.add_argument("--compile_backend", default="inductor", help="torch.compile's backend")
+    g.add_argument("--fsdp", action="store_true", help="shard with FSDP2 (fully_shard) instead of DDP")
+    g = p.add_argument_group("data")
+    g.add_argument("--data_path", default=None,
+                   help="an image folder (class subfolders or images; DATA_PATH/train is used when it exists); "
+                        "default: scikit-image's sample photographs")
+    g.add_argument("--num_workers", default=None, type=int, help="loader processes (default: min(8, CPUs))")
+    g.add_argument("--pin_mem", dest="pin_mem", action="store_true", default=True, help="pin host memory (CUDA)")
+    g.add_argument("--no_pin_mem", dest="pin_mem", action="store_false")
+    g.add_argument("--seed", default=0, type=int, help="weights, data order, crops and masks")
+    g = p.add_argument_group("output")
+    g.add_argument("--output_dir", default="./output_dir", help="checkpoints, log.jsonl, vis/ ('' saves nothing)")
+    g.add_argument("--log_dir", default=None, help="TensorBoard logs, when tensorboard is installed "
+                                                    "(default: output_dir)")
+    g.add_argument("--save_freq", default=20, type=int, help="save a checkpoint every N epochs (and at the end)")
+    g.add_argument("--vis_freq", default=20, type=int, help="draw reconstructions every N epochs (and at the end)")
+    g.add_argument("--print_freq", default=20, type=int, help="log a line every N steps when not on a terminal")
+    g.add_argument("--resume", default="", help="a checkpoint to continue, or 'auto': the newest in output_dir")
+    g.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    g = p.add_argument_group("accepted for the released scripts (torchrun sets these through the environment)")
+    g.add_argument("--start_epoch", default=0, type=int, help="ignored: resume restores the epoch")
+    g.add_argument("--world_size", default=1, type=int, help="ignored: WORLD_SIZE from torchrun")
+    g.add_argument("--local_rank", "--local-rank", default=-1, type=int, help="ignored: LOCAL_RANK from torchrun")
+    g.add_argument("--dist_on_itp", action="store_true", help="ignored")
+    g.add_argument("--dist_url", default="env://", help="ignored: torchrun's rendezvous")
+    return p
+
+
+def validate(args) -> None:
+    """Refuses arguments that cannot work, with the reason (UsageError)."""
+    if args.model not in mim.model_names():
+        names = sorted(mim.model_names(), key=lambda n: -mim._common_prefix(n, args.model))[:3]
+        raise UsageError(f"unknown --model {args.model!r}; closest: {', '.join(names)} "
+                         f"(all: python -m greenmim.pretrain --help)")
+    if not 0.0 < args.mask_ratio < 1.0:
+        raise UsageError(f"--mask_ratio must be strictly between 0 and 1, got {args.mask_ratio} (0 leaves nothing "
+                         f"to reconstruct, 1 nothing to see)")
+    for name in ("batch_size", "epochs", "accum_iter", "save_freq", "vis_freq", "print_freq"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UsageError(f"--max_steps must be >= 1, got {args.max_steps}")
+    if args.num_workers is not None and args.num_workers < 0:
+        raise UsageError(f"--num_workers must be >= 0, got {args.num_workers}")
+    if args.warmup_epochs < 0 or args.warmup_epochs > args.epochs:
+        raise UsageError(f"--warmup_epochs must be in [0, --epochs={args.epochs}], got {args.warmup_epochs}")
+    if args.lr is not None and args.lr <= 0 or args.blr <= 0:
+        raise UsageError("--lr and --blr must be > 0")
+    if args.data_path is not None and not os.path.isdir(args.data_path):
+        raise UsageError(f"--data_path {args.data_path}: no such folder")
+    if args.resume not in ("", "auto") and not os.path.isfile(args.resume):
+        raise UsageError(f"--resume {args.resume}: no such file")
+    if args.resume == "auto" and not args.output_dir:
+        raise UsageError("--resume auto looks in --output_dir, which is empty")

@@ -1,0 +1,253 @@
+"""Images, masks and plans for pretraining.
+
+One DataLoader item is one micro-batch: its images, its unit masks and the plan of those masks
+(:class:`greenmim.MaskPlan`, one int32 arena: one shared-memory file per item). Masks are drawn
+and planned in the loader's workers, so planning never waits on, or stalls, the GPU; the main
+process only copies the plan's arena to the device.
+
+Every random choice of a micro-batch (crops, flips, masks) is drawn from a seed derived from
+(seed, epoch, step, micro-batch), not from a worker's state: the data do not depend on the
+number of workers, ranks draw different masks, and a resumed run draws exactly what the
+uninterrupted one would have. Optimizer step t of an epoch covers positions [t*E, (t+1)*E) of
+that epoch's permutation (E = batch_size x accum_iter x world_size); micro-batch m = a * world
++ rank (accumulation step a) takes its m-th slice. So two ranks without accumulation see
+exactly what one process sees with accum_iter 2.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import sys
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import indices
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+# Photographs inside scikit-image's wheel (no download). The last two are held out of training.
+SAMPLE_TRAIN = ("astronaut", "brick", "camera", "cell", "chelsea", "clock", "coins", "grass", "gravel",
+                "hubble_deep_field", "immunohistochemistry", "moon", "page", "retina", "text")
+SAMPLE_HELD_OUT = ("coffee", "rocket")
+SAMPLE_CROPS_PER_EPOCH = 64      # each sample photograph gives this many random crops per epoch
+
+
+class DataError(ValueError):
+    """Bad data arguments (the command line turns it into one line and exit code 2)."""
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (stable across processes and Python versions)."""
+    h = hashlib.blake2b(",".join(str(int(p)) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+def train_transform(size: int):
+    """The released augmentation: RandomResizedCrop (scale 0.2-1, bicubic), horizontal flip,
+    ImageNet normalisation."""
+    from torchvision import transforms as T
+    return T.Compose([T.RandomResizedCrop(size, scale=(0.2, 1.0), interpolation=T.InterpolationMode.BICUBIC),
+                      T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+
+def eval_transform(size: int):
+    """Resize the short side, centre crop, normalise (the fixed images of the visualisation)."""
+    from torchvision import transforms as T
+    return T.Compose([T.Resize(size, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(size), T.ToTensor(),
+                      T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+
+class ImageFiles:
+    """Images under a folder: an ImageFolder tree (class subfolders, labels ignored) or the
+    images directly in it. An image that cannot be read is replaced by the next readable one,
+    with a warning naming it (a step never loses a sample); a folder where no image reads
+    stops the run."""
+
+    def __init__(self, root: str):
+        path = pathlib.Path(root)
+        if (path / "train").is_dir():             # the released layout: DATA_PATH/train/<class>/<image>
+            path = path / "train"
+        if not path.is_dir():
+            raise DataError(f"--data_path {root}: no such folder")
+        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+        if not files:
+            raise DataError(f"--data_path {root}: no image found (looked for {', '.join(IMAGE_EXTENSIONS)} "
+                            f"under {path}, in class subfolders or directly)")
+        self.root, self.files = str(path), files
+        self._warned = set()
+        self._probe()
+
+    def _probe(self, tries: int = 16) -> None:
+        """Stops at once when none of a few images spread over the folder reads."""
+        from PIL import Image
+        why = None
+        for i in range(min(tries, len(self.files))):
+            f = self.files[(i * len(self.files)) // min(tries, len(self.files))]
+            try:
+                with Image.open(f) as im:
+                    im.load()
+                return
+            except Exception as e:  # noqa: BLE001
+                why = why or f"{f}: {type(e).__name__}: {e}"
+        raise DataError(f"--data_path {self.root}: none of {min(tries, len(self.files))} images tried could be read "
+                        f"(first: {why})")
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def load(self, i: int):
+        from PIL import Image
+        n = min(len(self.files), 64)
+        for k in range(n):
+            f = self.files[(i + k) % len(self.files)]
+            try:
+                with Image.open(f) as im:
+                    return im.convert("RGB")      # decodes now, while the file is open
+            except Exception as e:                # noqa: BLE001 - any decoder error: skip the file
+                if f not in self._warned:
+                    self._warned.add(f)
+                    print(f"greenmim.pretrain: warning: skipping unreadable image {f} ({type(e).__name__}: {e})",
+                          file=sys.stderr, flush=True)
+        raise DataError(f"--data_path {self.root}: {n} images in a row could not be read, from {self.files[i]}")
+
+    def describe(self) -> str:
+        return f"{len(self.files)} images under {self.root}"
+
+    def spread(self, count: int) -> List[int]:
+        """``count`` indices spread over the folder (the visualisation's fixed images)."""
+        return [(i * len(self.files)) // count for i in range(count)]
+
+
+class SamplePhotographs:
+    """The photographs that ship inside scikit-image's wheel, each seen as
+    ``SAMPLE_CROPS_PER_EPOCH`` random crops per epoch: a data set that needs no download."""
+
+    def __init__(self, names: Sequence[str] = SAMPLE_TRAIN, repeats: int = SAMPLE_CROPS_PER_EPOCH):
+        try:
+            import skimage.data  # noqa: F401
+        except ImportError as e:
+            raise DataError("without --data_path the sample photographs of scikit-image are used: "
+                            "pip install scikit-image (or give --data_path)") from e
+        self.names, self.repeats = tuple(names), repeats
+        self._cache = {}
+
+    def __len__(self) -> int:
+        return len(self.names) * self.repeats
+
+    def load(self, i: int):
+        from PIL import Image
+        import numpy as np
+        import skimage.data
+        name = self.names[i % len(self.names)]
+        if name not in self._cache:
+            a = getattr(skimage.data, name)()
+            a = np.stack([a] * 3, -1) if a.ndim == 2 else a[..., :3]
+            self._cache[name] = Image.fromarray(np.ascontiguousarray(a.astype(np.uint8)))
+        return self._cache[name]
+
+    def spread(self, count: int) -> List[int]:
+        return list(range(min(count, len(self.names))))
+
+    def describe(self) -> str:
+        return (f"{len(self.names)} sample photographs of scikit-image x {self.repeats} random crops per epoch "
+                f"(no --data_path)")
+
+
+class Geometry:
+    """What planning needs of the model: image size, patch, window, stages, stage-1 channels."""
+
+    def __init__(self, model, fixed_groups: bool = False):
+        enc = model.encoder
+        self.group_size = -1 if fixed_groups else 0  # -1: G = each stage's window area (--compile)
+        self.img_size, self.patch_size, self.window = enc.img_size, enc.patch_size, enc.window_size
+        self.num_stages, self.embed_dim, self.strategy = len(enc.layers), enc.embed_dim, enc.strategy
+        self.grid = model.grid                    # mask units per side (the last stage's grid)
+
+    def plan(self, masks: Tensor) -> indices.MaskPlan:
+        return indices.plan_masks(masks, img_size=self.img_size, patch_size=self.patch_size, window_size=self.window,
+                                  num_stages=self.num_stages, embed_dim=self.embed_dim, strategy=self.strategy,
+                                  device="cpu", cache=False, group_size=self.group_size)
+
+
+class MicroBatches(torch.utils.data.Dataset):
+    """Item = one micro-batch ``(epoch, step, micro, indices)`` -> ``(images, masks, plan)``."""
+
+    def __init__(self, images, size: int, geometry: Geometry, mask_ratio: float, per_sample: bool, seed: int):
+        self.images, self.size, self.geometry = images, size, geometry
+        self.mask_ratio, self.per_sample, self.seed = mask_ratio, per_sample, seed
+        self.transform = train_transform(size)
+
+    def __len__(self) -> int:  # the sampler drives the loader; this is for DataLoader's checks only
+        return len(self.images)
+
+    def __getitem__(self, item: Tuple[int, int, int, List[int]]):
+        epoch, step, micro, idx = item
+        seed = derive_seed(self.seed, epoch, step, micro)
+        rng_state = torch.get_rng_state()
+        torch.manual_seed(seed)                   # torchvision's random transforms draw from it
+        try:
+            imgs = torch.stack([self.transform(self.images.load(i)) for i in idx])
+        finally:
+            torch.set_rng_state(rng_state)
+        g = torch.Generator().manual_seed(seed ^ 0x5DEECE66D)
+        masks = indices.random_masks(len(idx) if self.per_sample else None, grid=self.geometry.grid,
+                                     ratio=self.mask_ratio, generator=g)
+        return imgs, masks, self.geometry.plan(masks)
+
+
+class StepSampler(torch.utils.data.Sampler):
+    """This rank's micro-batches, from optimizer step ``start_step`` of epoch ``epoch`` on."""
+
+    def __init__(self, n: int, batch: int, accum: int, world: int, rank: int, seed: int, epoch: int = 0,
+                 start_step: int = 0):
+        self.n, self.batch, self.accum, self.world, self.rank, self.seed = n, batch, accum, world, rank, seed
+        self.epoch, self.start_step = epoch, start_step
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch * self.accum * self.world
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.n // self.global_batch
+
+    def __len__(self) -> int:
+        return (self.steps_per_epoch - self.start_step) * self.accum
+
+    def __iter__(self):
+        perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(derive_seed(self.seed, self.epoch)))
+        E = self.global_batch
+        for t in range(self.start_step, self.steps_per_epoch):
+            for a in range(self.accum):
+                m = a * self.world + self.rank
+                first = t * E + m * self.batch
+                yield self.epoch, t, m, perm[first:first + self.batch].tolist()
+
+
+def make_loader(dataset: MicroBatches, sampler: StepSampler, num_workers: int, pin_memory: bool):
+    kw = {}
+    if num_workers > 0:
+        kw = dict(persistent_workers=False, prefetch_factor=2)
+    return torch.utils.data.DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=num_workers,
+                                       pin_memory=pin_memory, **kw)
+
+
+def fixed_images(images, size: int, count: int = 8) -> Tensor:
+    """``count`` images for the visualisation: evenly spread over the data set, centre crops."""
+    tf = eval_transform(size)
+    return torch.stack([tf(images.load(i)) for i in images.spread(count)])
+
+
+def held_out_photographs(size: int) -> Tensor:
+    """The sample photographs kept out of training (coffee, rocket), centre crops."""
+    tf = eval_transform(size)
+    s = SamplePhotographs(SAMPLE_HELD_OUT, 1)
+    return torch.stack([tf(s.load(i)) for i in range(len(SAMPLE_HELD_OUT))])
+
+
+def worker_count(requested: Optional[int]) -> int:
+    return requested if requested is not None else min(8, os.cpu_count() or 1)

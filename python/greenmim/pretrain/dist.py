@@ -1,0 +1,101 @@
+"""Processes: one, or many under torchrun (DDP, or FSDP2 with --fsdp). NCCL on CUDA, gloo on
+CPU. torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) is all it reads:
+no --local_rank, no Slurm variables (srun launches torchrun; docs/pretraining.md)."""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as torch_dist
+from torch import nn
+
+
+@dataclass
+class Context:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    fsdp: bool = False
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def setup(device_arg, fsdp: bool) -> Context:
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    want = device_arg or ("cuda" if torch.cuda.is_available() else "cpu")
+    if want.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda, but torch sees no CUDA device")
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device(want)
+    if world > 1 and not torch_dist.is_initialized():
+        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                      timeout=datetime.timedelta(minutes=30))
+    return Context(rank, world, local, device, fsdp)
+
+
+def teardown(ctx: Context) -> None:
+    if ctx.distributed and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def wrap(model: nn.Module, ctx: Context) -> nn.Module:
+    """DDP, or FSDP2: each encoder block and decoder block its own unit, then the whole model."""
+    if not ctx.distributed and not ctx.fsdp:
+        return model
+    if ctx.fsdp:
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(ctx.device.type, (ctx.world,))
+        for layer in model.encoder.layers:
+            for blk in layer.blocks:
+                fully_shard(blk, mesh=mesh)
+        for blk in model.decoder_blocks:
+            fully_shard(blk, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+
+
+def no_sync(model: nn.Module, ctx: Context, sync: bool):
+    """Gradient all-reduce only on the last micro-batch of an accumulation."""
+    if sync or not ctx.distributed:
+        if ctx.fsdp and hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(True)
+        return contextlib.nullcontext()
+    if ctx.fsdp:
+        model.set_requires_gradient_sync(False)
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
+def mean(value: torch.Tensor, ctx: Context) -> float:
+    """The mean of a scalar over ranks."""
+    if ctx.distributed:
+        v = value.detach().clone().to(ctx.device, torch.float64)
+        torch_dist.all_reduce(v)
+        return float(v) / ctx.world
+    return float(value)
+
+
+def barrier(ctx: Context) -> None:
+    if ctx.distributed:
+        torch_dist.barrier()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
