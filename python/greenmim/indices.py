@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import struct
 import threading
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
@@ -107,7 +108,11 @@ class MaskPlan:
         self.layout = layout
         per_sample, num_masks, patch_grid, build_us, stages = layout
         self.per_sample, self.num_masks, self.patch_grid, self.build_us = per_sample, num_masks, patch_grid, build_us
-        view = lambda r: arena[r[0]:r[0] + r[1]]
+        # every array of the arena, in arena order: one split makes all the views
+        ranges = sorted({r for st in stages for r in (*(x for p in st[3] for x in p[9]), *st[4:8]) if r[1] > 0})
+        chunks = dict(zip(ranges, arena.split([r[1] for r in ranges]))) if ranges else {}
+        empty = arena[:0]
+        view = lambda r: chunks.get(r, empty)
         self.stages: List[StagePlan] = []
         for (H, W, N, parts, position, merge, cu, rank) in stages:
             made = []
@@ -116,7 +121,7 @@ class MaskPlan:
                 made.append(StagePartition(g, sc, sw, co, None, group_size=G, num_groups=ng, num_tokens=N, window=win,
                                            shift=sh, cost=cost, lower_bound=lb, plan_us=us,
                                            budget_exhausted=bool(exhausted)))
-            if parts[1] is parts[0] or parts[1] == parts[0]:
+            if parts[1] == parts[0]:
                 made[1] = made[0]
             self.stages.append(StagePlan(grid=(H, W), partitions=(made[0], made[1]),
                                          merge=view(merge).view(-1, 4) if merge[1] else None,
@@ -313,22 +318,48 @@ def merge_indices(visible: Tensor, device=None) -> Tensor:
 _plan_cache: "collections.OrderedDict[tuple, MaskPlan]" = collections.OrderedDict()
 
 
-def _range(r) -> Tuple[int, int]:
-    return (int(r.offset), int(r.size))
+def _struct_format(cls, base: int = 0, at: int = 0) -> Tuple[str, int]:
+    """A ``struct`` format reading every scalar of the ctypes structure ``cls`` in field order,
+    padding taken from ctypes' own offsets (so it follows the C layout the library checks)."""
+    codes = {ctypes.c_int32: "i", ctypes.c_int64: "q", ctypes.c_double: "d"}
+    fmt = ""
+    for name, typ in cls._fields_:
+        off = base + getattr(cls, name).offset
+        elem, count = (typ._type_, typ._length_) if issubclass(typ, ctypes.Array) else (typ, 1)
+        for i in range(count):
+            o = off + i * ctypes.sizeof(elem)
+            if issubclass(elem, ctypes.Structure):
+                f, at = _struct_format(elem, o, at)
+                fmt += f
+            else:
+                fmt += "x" * (o - at) + codes[elem]
+                at = o + ctypes.sizeof(elem)
+    return fmt, at
+
+
+_INFO_FORMAT = None
+_PART_FIELDS, _STAGE_FIELDS = 9 + 4 * 2, 4 + 2 * (9 + 4 * 2) + 4 * 2
 
 
 def _layout(info, per_sample: bool, patch_grid: Tuple[int, int]) -> tuple:
-    """The arena's layout as plain Python data (picklable, hashable)."""
+    """The arena's layout as plain Python data (picklable), read from the info struct in one
+    ``struct.unpack_from``."""
+    global _INFO_FORMAT
+    if _INFO_FORMAT is None:
+        _INFO_FORMAT = struct.Struct("=" + _struct_format(_lib.EncoderInfo)[0])
+    v = _INFO_FORMAT.unpack_from(info)
+    num_stages, num_masks, build_us = v[0], v[1], v[3]
+    pair = lambda i: (v[i], v[i + 1])
     stages = []
-    for s in range(info.num_stages):
-        st = info.stage[s]
-        parts = tuple((p.group_size, p.num_groups, p.num_windows, p.window, p.shift, p.budget_exhausted, p.cost,
-                       p.lower_bound, p.plan_us, tuple(_range(getattr(p, n)) for n in
-                                                       ("gather", "scatter", "slot_window", "slot_coord")))
-                      for p in st.part)
-        stages.append((st.height, st.width, st.num_tokens, parts, _range(st.position), _range(st.merge),
-                       _range(st.cu_seqlens), _range(st.unit_rank)))
-    return (per_sample, int(info.num_masks), patch_grid, float(info.build_us), tuple(stages))
+    for k in range(num_stages):
+        b = 4 + k * _STAGE_FIELDS
+        parts = []
+        for j in range(2):
+            p = b + 4 + j * _PART_FIELDS
+            parts.append((*v[p:p + 9], tuple(pair(p + 9 + 2 * r) for r in range(4))))
+        q = b + 4 + 2 * _PART_FIELDS
+        stages.append((v[b], v[b + 1], v[b + 2], tuple(parts), pair(q), pair(q + 2), pair(q + 4), pair(q + 6)))
+    return (per_sample, int(num_masks), patch_grid, float(build_us), tuple(stages))
 
 
 class _Planner:
@@ -396,9 +427,9 @@ def plan_masks(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, win
         host = host.cpu()
     host = (host if per_sample else host.unsqueeze(0)).to(torch.uint8).contiguous()
     cap = -1 if max_group_size is None else int(max_group_size)
-    key = (host.numpy().tobytes(), tuple(host.shape), per_sample, img_size, patch_size, window_size, num_stages,
-           embed_dim, strategy, group_size, cap, str(device))
     if cache:
+        key = (host.numpy().tobytes(), tuple(host.shape), per_sample, img_size, patch_size, window_size, num_stages,
+               embed_dim, strategy, group_size, cap, str(device))
         with _cache_lock:
             hit = _plan_cache.get(key)
             if hit is not None:

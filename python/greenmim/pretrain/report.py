@@ -1,6 +1,7 @@
 """What a person sees: a progress line on rank 0 (redrawn on a terminal, printed every
 --print_freq steps otherwise), metrics as JSON lines in output_dir/log.jsonl, TensorBoard when it
-is installed, and a PNG of reconstructions every --vis_freq epochs."""
+is installed, and a PNG of reconstructions every --vis_freq epochs. Without a terminal a line is
+printed every --print_freq steps, and at least once a minute."""
 from __future__ import annotations
 
 import json
@@ -36,7 +37,7 @@ class Reporter:
                 self.tb = SummaryWriter(log_dir=log_dir or output_dir)
             except Exception:  # noqa: BLE001 - tensorboard not installed: JSON lines only
                 self.tb = None
-        self.t0 = self.t_last = time.perf_counter()
+        self.t0 = self.t_last = self.t_printed = time.perf_counter()
         self.first_step = None
         self.recent = []
 
@@ -76,8 +77,10 @@ class Reporter:
         if self.tty:
             self.stream.write("\r\033[K" + line)
             self.stream.flush()
-        elif step % self.print_freq == 0 or step == self.total or step == self.first_step + 1:
+        elif step % self.print_freq == 0 or step == self.total or step == self.first_step + 1 or \
+                now - self.t_printed > 60:
             print(line, file=self.stream, flush=True)
+            self.t_printed = now
 
     def epoch_end(self, epoch: int, mean_loss: float, steps: int) -> None:
         if not self.main:
