@@ -230,6 +230,9 @@ class GreenMIM(nn.Module):
 
     def forward(self, imgs: Tensor, plan: MaskPlan,
                 generator: Optional[torch.Generator] = None) -> Tuple[Tensor, Tensor, Tensor]:
+        if plan.device != imgs.device:
+            raise GreenmimError(f"greenmim: the plan is on {plan.device}, the images on {imgs.device}: plans and "
+                                f"tensors must share a device (plan.to({str(imgs.device)!r}))")
         B = imgs.shape[0]
         mask = self.masked_units(plan, B)
         latent = self.encoder.forward_features(imgs, plan)

@@ -28,6 +28,21 @@ if not hasattr(torch.library, "custom_op") or not hasattr(torch.library, "regist
 _LIB = "greenmim"
 
 
+def _check_devices(where: str, like: Tensor, **tensors: Optional[Tensor]) -> None:
+    """Every tensor on ``like``'s device. A plan on another device must not reach the ops: with one
+    input on "meta", torch would run their shape-only fakes and return uninitialised memory."""
+    for name, t in tensors.items():
+        if t is not None and t.device != like.device:
+            raise _backend.GreenmimError(
+                f"greenmim: {where}: {name} is on {t.device}, the features on {like.device}: plans and "
+                f"tensors must share a device (plan.to({str(like.device)!r}), or plan_masks(..., device=...))")
+
+
+def _check_partition_device(where: str, x: Tensor, part) -> None:
+    _check_devices(where, x, gather=part.gather, scatter=part.scatter, slot_window=part.slot_window,
+                   slot_coord=part.slot_coord)
+
+
 # ---- attention ----------------------------------------------------------------------------------
 
 @torch.library.custom_op(f"{_LIB}::attention_fwd", mutates_args=())
@@ -41,6 +56,8 @@ def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], gath
 
 @_attention_fwd.register_fake
 def _(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo):
+    _check_devices("attention forward", q, k=k, v=v, bias_table=bias, gather=gather, scatter=scatter,
+                   slot_window=slot_window, slot_coord=slot_coord)
     B, N, H, _ = q.shape
     return torch.empty_like(q, memory_format=torch.contiguous_format), \
         q.new_empty((B, N, H), dtype=_backend.lse_dtype(q))
@@ -68,6 +85,8 @@ def _fake_dbias(bias: Optional[Tensor], like: Tensor, need: bool) -> Tensor:
 @_attention_bwd.register_fake
 def _(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo,
       need_dbias):
+    _check_devices("attention backward", q, d_o=d_o, k=k, v=v, o=o, lse=lse, bias_table=bias, gather=gather,
+                   scatter=scatter, slot_window=slot_window, slot_coord=slot_coord)
     return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), _fake_dbias(bias, q, need_dbias)
 
 
@@ -104,6 +123,8 @@ def _attention_packed_fwd(qkv: Tensor, bias: Optional[Tensor], gather: Tensor, s
 
 @_attention_packed_fwd.register_fake
 def _(qkv, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo):
+    _check_devices("attention forward", qkv, bias_table=bias, gather=gather, scatter=scatter,
+                   slot_window=slot_window, slot_coord=slot_coord)
     B, N, _, H, D = qkv.shape
     return qkv.new_empty((B, N, H, D)), qkv.new_empty((B, N, H), dtype=_backend.lse_dtype(qkv))
 
@@ -122,6 +143,8 @@ def _attention_packed_bwd(d_o: Tensor, qkv: Tensor, o: Tensor, lse: Tensor, bias
 
 @_attention_packed_bwd.register_fake
 def _(d_o, qkv, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo, need_dbias):
+    _check_devices("attention backward", qkv, d_o=d_o, o=o, lse=lse, bias_table=bias, gather=gather,
+                   scatter=scatter, slot_window=slot_window, slot_coord=slot_coord)
     return qkv.new_empty(qkv.shape), _fake_dbias(bias, qkv, need_dbias)
 
 
@@ -175,6 +198,7 @@ def _partition(x: Tensor, gather: Tensor, scatter: Tensor, slot_window: Tensor, 
 
 @_partition.register_fake
 def _(x, gather, scatter, slot_window, group_size):
+    _check_devices("partition", x, gather=gather, scatter=scatter, slot_window=slot_window)
     return x.new_empty((x.shape[0], gather.shape[0], x.shape[2]))
 
 
@@ -186,6 +210,7 @@ def _unpartition(y: Tensor, gather: Tensor, scatter: Tensor, slot_window: Tensor
 
 @_unpartition.register_fake
 def _(y, gather, scatter, slot_window, group_size):
+    _check_devices("unpartition", y, gather=gather, scatter=scatter, slot_window=slot_window)
     return y.new_empty((y.shape[0], scatter.shape[0], y.shape[2]))
 
 
@@ -246,6 +271,8 @@ def group_window_attention(q: Tensor, k: Tensor, v: Tensor, bias_table: Optional
     "mma" (CUDA only; see kernels.h). On CPU "auto" runs torch's batched matmuls (the output of
     a window with a NaN or inf is computed again exactly) and "reference" the Eigen reference."""
     w, s = _resolve(q, bias_table, partition, window, scale)
+    _check_devices("attention", q, k=k, v=v, bias_table=bias_table)
+    _check_partition_device("attention", q, partition)
     if _torch_cpu(q, algo):
         _backend.check_inputs(q, k, v, bias_table, partition.gather, partition.scatter, partition.slot_window,
                               partition.slot_coord, partition.group_size, w)
@@ -266,6 +293,8 @@ def group_window_attention_packed(qkv: Tensor, bias_table: Optional[Tensor], par
     """As :func:`group_window_attention` on the packed ``[B, N, 3, heads, head_dim]`` projection
     (``qkv(x).view(B, N, 3, heads, head_dim)``): no copy in, one packed gradient out."""
     w, s = _resolve(qkv, bias_table, partition, window, scale)
+    _check_devices("attention", qkv, bias_table=bias_table)
+    _check_partition_device("attention", qkv, partition)
     if _torch_cpu(qkv, algo):
         q, k, v = _split_packed(qkv)
         _backend.check_inputs(q, k, v, bias_table, partition.gather, partition.scatter, partition.slot_window,
@@ -283,11 +312,13 @@ def group_window_attention_packed(qkv: Tensor, bias_table: Optional[Tensor], par
 
 def partition_tokens(x: Tensor, partition) -> Tensor:
     """Groups token features ``[B, N, C] -> [B, num_groups * G, C]`` (padding rows zero)."""
+    _check_partition_device("partition", x, partition)
     return torch.ops.greenmim.partition(x, partition.gather, partition.scatter, partition.slot_window,
                                         partition.group_size)
 
 
 def unpartition_tokens(y: Tensor, partition) -> Tensor:
     """Ungroups ``[B, num_groups * G, C] -> [B, N, C]`` (padding rows are never read)."""
+    _check_partition_device("unpartition", y, partition)
     return torch.ops.greenmim.unpartition(y, partition.gather, partition.scatter, partition.slot_window,
                                           partition.group_size)

@@ -323,3 +323,10 @@ def test_swin_v2_needs_no_resize():
     imgs = torch.randn(2, 3, 256, 256)
     loss = b(imgs, b.plan(greenmim.random_masks(2, grid=8)))[0]
     assert math.isfinite(float(loss))
+
+
+def test_a_plan_on_another_device_is_refused_by_the_model():
+    model = _model()
+    imgs = torch.randn(1, 3, 224, 224, dtype=torch.float64)
+    with pytest.raises(GreenmimError, match="the plan is on meta, the images on cpu"):
+        model(imgs, model.plan(greenmim.random_masks(), device="meta"))

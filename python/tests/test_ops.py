@@ -190,3 +190,37 @@ def test_lse_output_and_scale():
     torch.testing.assert_close(o, oracle_attention(q, k, v, bias, part, part.window, scale=0.3), rtol=1e-12,
                                atol=1e-12)
     assert lse.shape == q.shape[:3] and torch.isfinite(lse).all()
+
+
+def _device_pairings():
+    """(plan's device, tensors' device): every pairing of meta, CPU and (where present) CUDA."""
+    devs = ["cpu", "meta"] + (["cuda"] if torch.cuda.is_available() else [])
+    return [(a, b) for a in devs for b in devs if a != b]
+
+
+@pytest.mark.parametrize("plan_dev,data_dev", _device_pairings())
+def test_a_plan_on_another_device_is_refused_by_every_op(plan_dev, data_dev):
+    """A plan on "meta" with CPU tensors used to return uninitialised memory (the ops' fakes ran)."""
+    part, q, k, v, bias = _case()
+    p = greenmim.StagePartition(**{f.name: getattr(part, f.name) for f in part.__dataclass_fields__.values()})
+    for name in ("gather", "scatter", "slot_window", "slot_coord"):
+        setattr(p, name, getattr(part, name).to(plan_dev))
+    q, k, v, bias = (t.to(data_dev) for t in (q, k, v, bias))
+    qkv = torch.stack([q, k, v], 2)
+    x = q.flatten(2)
+    calls = {
+        "attention auto": lambda: greenmim.group_window_attention(q, k, v, bias, p),
+        "attention reference": lambda: greenmim.group_window_attention(q, k, v, bias, p, algo="reference"),
+        "packed": lambda: greenmim.group_window_attention_packed(qkv, bias, p),
+        "partition": lambda: greenmim.partition_tokens(x, p),
+        "unpartition": lambda: greenmim.unpartition_tokens(x.new_zeros(2, p.gather.numel(), x.shape[-1]), p),
+        "raw op": lambda: torch.ops.greenmim.attention_fwd(q, k, v, bias, p.gather, p.scatter, p.slot_window,
+                                                           p.slot_coord, p.group_size, p.window, 0.5, "auto"),
+        "raw partition op": lambda: torch.ops.greenmim.partition(x, p.gather, p.scatter, p.slot_window,
+                                                                 p.group_size),
+    }
+    for what, call in calls.items():
+        with pytest.raises(GreenmimError) as e:
+            call()
+        msg = str(e.value)
+        assert plan_dev in msg and data_dev in msg, (what, msg)
