@@ -51,3 +51,18 @@ def oracle_attention(q, k, v, bias_table, part, window, scale=None):
         s = s + bias_table[rel.view(-1)].view(N, N, H).permute(2, 0, 1).to(q.dtype)
     s = s.masked_fill(~same, float("-inf"))
     return torch.einsum("bhij,bjhd->bihd", s.softmax(-1), v)
+
+
+def released_tree(sd):
+    """A greenmim state dict laid out as the released MaskedAutoencoder's: each downsample closes
+    the stage before (layers.i.downsample -> layers.i-1.downsample), plus its derived buffers."""
+    out = {}
+    for k, v in sd.items():
+        parts = k.split(".")
+        if k.startswith("encoder.layers.") and parts[3] == "downsample":
+            parts[2] = str(int(parts[2]) - 1)
+        out[".".join(parts)] = v
+        if k.endswith("attn.relative_position_bias_table"):
+            out[k.replace("relative_position_bias_table", "relative_position_index")] = torch.zeros(49, 49,
+                                                                                                   dtype=torch.long)
+    return out

@@ -13,6 +13,7 @@ import greenmim
 from greenmim import GreenmimError
 from greenmim.checkpoint import from_released, load_pretrained
 from greenmim.mim import patchify, sincos_pos_embed
+from conftest import released_tree
 
 timm = pytest.importorskip("timm")
 
@@ -245,25 +246,10 @@ def test_constructors_follow_the_released_names_and_shapes():
                                    "decoder_norm", "decoder_pred"), k
 
 
-def _released_tree(sd):
-    """A greenmim state dict laid out as the released MaskedAutoencoder's: each downsample closes
-    the stage before (layers.i.downsample -> layers.i-1.downsample), plus its derived buffers."""
-    out = {}
-    for k, v in sd.items():
-        parts = k.split(".")
-        if k.startswith("encoder.layers.") and parts[3] == "downsample":
-            parts[2] = str(int(parts[2]) - 1)
-        out[".".join(parts)] = v
-        if k.endswith("attn.relative_position_bias_table"):
-            out[k.replace("relative_position_bias_table", "relative_position_index")] = torch.zeros(49, 49,
-                                                                                                   dtype=torch.long)
-    return out
-
-
 def test_released_checkpoint_loads_tensor_by_tensor():
     model = _model()
     src = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
-    released = _released_tree(src)
+    released = released_tree(src)
     assert "encoder.layers.0.downsample.reduction.weight" in released
     with pytest.raises(GreenmimError, match="'2022'.*'2023'"):
         load_pretrained(model, {"model": released})
@@ -277,7 +263,7 @@ def test_2022_merge_layout_converts_to_swin_order():
     weights it must equal greenmim's merge (Swin's order) with the converted weights."""
     model = _model()
     src = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
-    released = _released_tree(src)                  # read as 2022-layout weights
+    released = released_tree(src)                  # read as 2022-layout weights
     load_pretrained(model, released, layout="2022")
     for stage in (1, 2, 3):
         old = {k.split("downsample.")[1]: v for k, v in released.items()

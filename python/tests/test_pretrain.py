@@ -279,3 +279,31 @@ def test_it_learns_on_the_sample_photographs(tmp_path):
     assert first > 0.9 and last < 0.85, (first, last)
     assert summary["held_out_loss"] < 0.85, summary["held_out_loss"]
     assert (out / "vis" / "epoch_0003.png").exists()
+
+
+def test_export_of_a_2022_checkpoint_merges_in_swin_order_in_timm(tmp_path):
+    """Weights of a 2022 checkpoint (row-first merge) exported with --layout 2022: timm's own
+    PatchMerging (Swin's order) with them equals the row-first merge with the original weights."""
+    timm = pytest.importorskip("timm")
+    from greenmim import export
+    from conftest import released_tree
+    torch.manual_seed(0)
+    src = {k: torch.randn_like(v) for k, v in greenmim.create_model(NANO).state_dict().items()}
+    released = released_tree(src)
+    ck = tmp_path / "released.pth"
+    torch.save({"model": released, "epoch": 799}, ck)
+    out = tmp_path / "timm.pth"
+    assert export.main([str(ck), str(out)]) == 2                   # no layout: refused
+    name, kw = export.export(str(ck), str(out), layout="2022")
+    ref = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(out)), **kw).double()
+    for stage in (1, 2, 3):
+        old = {k.split("downsample.")[1]: v.double() for k, v in released.items()
+               if k.startswith(f"encoder.layers.{stage - 1}.downsample.")}
+        C = old["reduction.weight"].shape[1] // 4
+        H = 56 >> (stage - 1)
+        x = torch.randn(2, H, H, C, dtype=torch.float64)
+        row_first = torch.cat([x[:, 0::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 0::2], x[:, 1::2, 1::2]], -1)
+        want = torch.nn.functional.layer_norm(row_first, (4 * C,), old["norm.weight"], old["norm.bias"], eps=1e-5)
+        with torch.no_grad():
+            got = ref.layers[stage].downsample(x)
+        torch.testing.assert_close(got, want @ old["reduction.weight"].T, rtol=1e-10, atol=1e-10)
