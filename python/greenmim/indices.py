@@ -172,16 +172,40 @@ def window_geometry(height: int, width: int, window: int, shift: int) -> Tuple[i
     return w.value, sh.value, n.value
 
 
-_cache_lock = threading.Lock()
-_cache: "collections.OrderedDict[tuple, StagePartition]" = collections.OrderedDict()
 CACHE_SIZE = 256
+
+
+class _LRU:
+    """A thread-safe least-recently-used cache of CACHE_SIZE entries."""
+
+    def __init__(self):
+        self.lock, self.entries = threading.Lock(), collections.OrderedDict()
+
+    def get(self, key):
+        with self.lock:
+            hit = self.entries.get(key)
+            if hit is not None:
+                self.entries.move_to_end(key)
+            return hit
+
+    def put(self, key, value) -> None:
+        with self.lock:
+            self.entries[key] = value
+            while len(self.entries) > CACHE_SIZE:
+                self.entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries.clear()
+
+
+_cache, _plan_cache = _LRU(), _LRU()   # stage partitions, mask plans
 
 
 def clear_cache() -> None:
     """Forgets every cached plan and partition."""
-    with _cache_lock:
-        _cache.clear()
-        _plan_cache.clear()
+    _cache.clear()
+    _plan_cache.clear()
 
 
 def _host_bytes(t: Tensor) -> Tensor:
@@ -208,11 +232,9 @@ def stage_partition(visible: Tensor, window: int, shift: int, channels: int, str
     key = (host.numpy().tobytes(), tuple(host.shape), window, shift, channels, strategy, group_size, max_group_size,
            str(device), _backend.emulating())
     if cache:
-        with _cache_lock:
-            hit = _cache.get(key)
-            if hit is not None:
-                _cache.move_to_end(key)
-                return hit
+        hit = _cache.get(key)
+        if hit is not None:
+            return hit
     if max_group_size is None:  # (resolved on a miss only: a hit costs no library call)
         auto = strategy in ("fast", "paper") and group_size == 0
         eff = window_geometry(visible.shape[-2], visible.shape[-1], window, shift)[0]
@@ -223,10 +245,7 @@ def stage_partition(visible: Tensor, window: int, shift: int, channels: int, str
     else:
         part = _host_partition(host, window, shift, channels, strategy, group_size, max_group_size, device)
     if cache:
-        with _cache_lock:
-            _cache[key] = part
-            while len(_cache) > CACHE_SIZE:
-                _cache.popitem(last=False)
+        _cache.put(key, part)
     return part
 
 
@@ -313,9 +332,6 @@ def merge_indices(visible: Tensor, device=None) -> Tensor:
     _lib.host_check(_lib.host().gmh_merge_indices(host.data_ptr(), M, H, W, out.data_ptr(), out.numel(),
                                                   ctypes.byref(n)), "merge indices")
     return out[: n.value].view(-1, 4).to(device if device is not None else visible.device, torch.int64)
-
-
-_plan_cache: "collections.OrderedDict[tuple, MaskPlan]" = collections.OrderedDict()
 
 
 def _struct_format(cls, base: int = 0, at: int = 0) -> Tuple[str, int]:
@@ -430,18 +446,13 @@ def plan_masks(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, win
     if cache:
         key = (host.numpy().tobytes(), tuple(host.shape), per_sample, img_size, patch_size, window_size, num_stages,
                embed_dim, strategy, group_size, cap, str(device))
-        with _cache_lock:
-            hit = _plan_cache.get(key)
-            if hit is not None:
-                _plan_cache.move_to_end(key)
-                return hit
+        hit = _plan_cache.get(key)
+        if hit is not None:
+            return hit
     plan = _build_plan(host, per_sample, img_size // patch_size, window_size, num_stages, embed_dim, strategy,
                        group_size, cap).to(device)
     if cache:
-        with _cache_lock:
-            _plan_cache[key] = plan
-            while len(_plan_cache) > CACHE_SIZE:
-                _plan_cache.popitem(last=False)
+        _plan_cache.put(key, plan)
     return plan
 
 

@@ -88,6 +88,11 @@ def patchify(imgs: Tensor, p: int) -> Tensor:
     return imgs.reshape(B, C, h, p, w, p).permute(0, 2, 4, 3, 5, 1).reshape(B, h * w, p * p * C)
 
 
+def _unit_stats(target: Tensor) -> Tuple[Tensor, Tensor]:
+    """Each unit's mean and MAE's std (unbiased variance + 1e-6) over its pixels: norm_pix_loss."""
+    return target.mean(dim=-1, keepdim=True), (target.var(dim=-1, keepdim=True) + 1.0e-6) ** 0.5
+
+
 def unpatchify(x: Tensor, p: int, chans: int = 3) -> Tensor:
     """Inverse of :func:`patchify` for a square grid."""
     B, L, _ = x.shape
@@ -221,9 +226,8 @@ class GreenMIM(nn.Module):
         dt = torch.promote_types(pred.dtype, torch.float32)    # float32 under autocast, float64 in float64
         target = patchify(imgs.to(dt), self.unit)
         if self.norm_pix_loss:
-            mean = target.mean(dim=-1, keepdim=True)
-            var = target.var(dim=-1, keepdim=True)
-            target = (target - mean) / (var + 1.0e-6) ** 0.5
+            mean, std = _unit_stats(target)
+            target = (target - mean) / std
         per_unit = (pred.to(dt) - target).square().mean(dim=-1)
         mask = mask.to(dt)
         return (per_unit * mask).sum() / mask.sum()
@@ -246,9 +250,8 @@ class GreenMIM(nn.Module):
         target = patchify(imgs.float(), self.unit)
         pred = pred.float()
         if self.norm_pix_loss:
-            mean = target.mean(dim=-1, keepdim=True)
-            var = target.var(dim=-1, keepdim=True)
-            pred = pred * (var + 1.0e-6) ** 0.5 + mean
+            mean, std = _unit_stats(target)
+            pred = pred * std + mean
         m = mask.float().unsqueeze(-1)
         return unpatchify(pred, self.unit, self.in_chans), unpatchify(pred * m + target * (1 - m), self.unit,
                                                                        self.in_chans)

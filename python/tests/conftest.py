@@ -66,3 +66,13 @@ def released_tree(sd):
             out[k.replace("relative_position_bias_table", "relative_position_index")] = torch.zeros(49, 49,
                                                                                                    dtype=torch.long)
     return out
+
+
+def row_first_merge(x, weights):
+    """Patch merging as the 2022 released code did it: a 2x2 block concatenated row-first
+    (0,0), (0,1), (1,0), (1,1), LayerNorm(4C) (eps 1e-5), then the reduction; ``x`` [B, H, W, C],
+    ``weights`` the downsample's norm.weight, norm.bias, reduction.weight."""
+    C = x.shape[-1]
+    row_first = torch.cat([x[:, 0::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 0::2], x[:, 1::2, 1::2]], -1)
+    y = torch.nn.functional.layer_norm(row_first, (4 * C,), weights["norm.weight"], weights["norm.bias"], eps=1e-5)
+    return y @ weights["reduction.weight"].T

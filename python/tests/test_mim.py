@@ -13,7 +13,7 @@ import greenmim
 from greenmim import GreenmimError
 from greenmim.checkpoint import from_released, load_pretrained
 from greenmim.mim import patchify, sincos_pos_embed
-from conftest import released_tree
+from conftest import released_tree, row_first_merge
 
 timm = pytest.importorskip("timm")
 
@@ -271,9 +271,7 @@ def test_2022_merge_layout_converts_to_swin_order():
         C = old["reduction.weight"].shape[1] // 4
         H = 56 >> (stage - 1)
         x = torch.randn(2, H, H, C, dtype=torch.float64)
-        row_first = torch.cat([x[:, 0::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 0::2], x[:, 1::2, 1::2]], -1)
-        want = torch.nn.functional.layer_norm(row_first, (4 * C,), old["norm.weight"], old["norm.bias"], eps=1e-5)
-        want = want @ old["reduction.weight"].T
+        want = row_first_merge(x, old)
         merge = greenmim.merge_indices(torch.ones(H, H, dtype=torch.bool))
         got = model.encoder.layers[stage].downsample(x.reshape(2, H * H, C), merge)
         torch.testing.assert_close(got, want.reshape(2, -1, 2 * C), rtol=1e-10, atol=1e-10)
