@@ -177,6 +177,31 @@ fi
 for gm_model in swin_base_patch4_window7_224 swin_large_patch4_window7_224; do
   py_step "train step ${gm_model%%_patch*}" "$GM_LOG/train_step.log" bench/gpu/train_step.py --model "$gm_model" \
     --batch "$BATCH" --csv "$GM_LOG/train_step_${gm_model%%_patch*}.csv"
+  # the whole pretraining models (GreenMIM vs SimMIM with their decoders and losses)
+  py_step "train step full ${gm_model%%_patch*}" "$GM_LOG/train_step.log" bench/gpu/train_step.py --model "$gm_model" \
+    --batch "$BATCH" --full --no-breakdown --csv "$GM_LOG/train_step_full_${gm_model%%_patch*}.csv"
+done
+# greenmim.pretrain on CUDA: 30 steps of the nano model (bf16, pinned plans from 4 workers), per-sample
+# masks, then the same compiled (one graph expected: its last line says how many). The device machine
+# has no network, so the images are written here (noise PNGs; scikit-image's photos may be absent).
+if [ "$GM_HAVE_TORCH" -eq 1 ]; then
+  env "${GM_PY_ENV[@]}" "$PYTHON" - "$GM_SCRATCH/images/noise" <<'PYEOF' || say "pretrain: could not write images"
+import os, sys, torch
+from PIL import Image
+os.makedirs(sys.argv[1], exist_ok=True)
+g = torch.Generator().manual_seed(0)
+for i in range(640):
+    a = (torch.rand(256, 256, 3, generator=g) * 255).to(torch.uint8).numpy()
+    Image.fromarray(a).save(os.path.join(sys.argv[1], f"{i}.png"))
+PYEOF
+fi
+for gm_mode in eager compile; do
+  gm_extra=()
+  [ "$gm_mode" = compile ] && gm_extra=(--compile)
+  py_step "pretrain cuda $gm_mode" "$GM_LOG/pretrain.log" -m greenmim.pretrain --model green_mim_swin_nano_patch4_dec128b1 \
+    --data_path "$GM_SCRATCH/images" --batch_size 64 --epochs 3 --warmup_epochs 1 --lr 1e-3 --max_steps 30 \
+    --per_sample_masks --num_workers 4 --output_dir "$GM_SCRATCH/pretrain_$gm_mode" --print_freq 10 --device cuda \
+    "${gm_extra[@]}"
 done
 
 # ---- compute-sanitizer on a small subset (last: the slowest step, each tool capped) ------------------------------------------------------------------
@@ -208,6 +233,9 @@ fi
   echo "## Training step (bench/gpu/train_step.py)"
   grep -E '^(== train step|\| (row|simmim|greenmim|per-sample|released) |per-sample /|released /)' \
     "$GM_LOG/train_step.log" 2>/dev/null || echo "(not run)"
+  echo
+  echo "## greenmim.pretrain on CUDA"
+  grep -E '^greenmim.pretrain: (done|error|torch.compile)' "$GM_LOG/pretrain.log" 2>/dev/null || echo "(not run)"
 } >>"$GM_SUMMARY"
 GM_COPY="docs/perf/${GM_DEVICE}_${GM_DATE}"
 if [ "$GM_DEVICE" != unknown-device ] && mkdir -p "$GM_COPY" 2>/dev/null; then

@@ -31,7 +31,8 @@ def _run(*argv, timeout=600):
 
 def _quick(out, *extra):
     return ["--model", NANO, "--batch_size", "4", "--epochs", "2", "--warmup_epochs", "1", "--lr", "1e-3",
-            "--output_dir", str(out), "--num_workers", "0", "--vis_freq", "100", "--save_freq", "100", *extra]
+            "--output_dir", str(out), "--num_workers", "0", "--vis_freq", "100", "--save_freq", "100",
+            "--device", "cpu", *extra]
 
 
 def test_help_prints_every_flag_with_its_default():
@@ -144,7 +145,7 @@ def _torchrun(tmp_path, name, nproc, *argv):
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_processes_equal_one_with_accumulation(tmp_path, mode):
     args = ["--model", NANO, "--batch_size", "2", "--epochs", "1", "--warmup_epochs", "0", "--lr", "1e-3",
-            "--max_steps", "3", "--output_dir", "", "--num_workers", "0", "--per_sample_masks"]
+            "--max_steps", "3", "--output_dir", "", "--num_workers", "0", "--per_sample_masks", "--device", "cpu"]
     extra = ["--fsdp"] if mode == "fsdp" else []
     out, ranks = _torchrun(tmp_path, mode, 2, *args, *extra)
     if ranks is None and mode == "fsdp":
@@ -251,7 +252,7 @@ def test_compile_does_not_recompile_for_fresh_masks(tmp_path, per_sample):
     from torch._dynamo.utils import counters
     extra = ["--per_sample_masks"] if per_sample else []
     argv = ["--model", NANO, "--batch_size", "2", "--epochs", "1", "--warmup_epochs", "0", "--lr", "1e-3",
-            "--max_steps", "30", "--output_dir", str(tmp_path / "c"), "--num_workers", "0", *extra]
+            "--max_steps", "30", "--output_dir", str(tmp_path / "c"), "--num_workers", "0", "--device", "cpu", *extra]
     torch._dynamo.reset()
     counters.clear()
     assert cli.main(argv + ["--compile", "--compile_backend", "aot_eager"]) == 0
@@ -269,10 +270,11 @@ def test_it_learns_on_the_sample_photographs(tmp_path):
     steps average 0.763-0.769; the two held-out photographs, 8 masks each, 0.55-0.74."""
     out = tmp_path / "learn"
     argv = ["--model", NANO, "--batch_size", "16", "--epochs", "4", "--warmup_epochs", "1", "--lr", "1e-3",
-            "--max_steps", "200", "--output_dir", str(out), "--num_workers", "1", "--vis_freq", "100"]
+            "--max_steps", "200", "--output_dir", str(out), "--num_workers", "1", "--vis_freq", "100",
+            "--device", "cpu"]
     args = pargs.parser().parse_args(argv)
     pargs.validate(args)
-    summary = engine.run(args, dist.setup(None, False))
+    summary = engine.run(args, dist.setup("cpu", False))
     losses = summary["losses"]
     assert len(losses) == 200
     first, last = sum(losses[:10]) / 10, sum(losses[-50:]) / 50

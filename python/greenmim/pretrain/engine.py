@@ -134,6 +134,11 @@ def run(args, ctx: dist.Context) -> dict:
             if last or (epoch_end and (epoch + 1) % args.vis_freq == 0):
                 summary.update(_visualise(model, vis_imgs, vis_masks, args, ctx, epoch, rep))
         summary["steps"] = step
+        if args.compile:
+            from torch._dynamo.utils import counters
+            summary["graphs"] = counters["stats"]["unique_graphs"]
+            rep.print(f"greenmim.pretrain: torch.compile: {summary['graphs']} graph(s) compiled over "
+                      f"{len(summary['losses'])} steps")
     finally:
         rep.close()
     return summary
