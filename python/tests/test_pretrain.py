@@ -307,3 +307,24 @@ def test_export_of_a_2022_checkpoint_merges_in_swin_order_in_timm(tmp_path):
         with torch.no_grad():
             got = ref.layers[stage].downsample(x)
         torch.testing.assert_close(got, row_first_merge(x, old), rtol=1e-10, atol=1e-10)
+
+
+def test_schedule_and_weight_decay_groups_follow_the_released_recipe():
+    from greenmim.pretrain import optim
+    lr, mn = 1e-3, 1e-5
+    assert optim.lr_at(0.0, lr, mn, 40, 400) == 0.0
+    assert optim.lr_at(20.0, lr, mn, 40, 400) == pytest.approx(lr / 2)           # linear warm-up
+    assert optim.lr_at(40.0, lr, mn, 40, 400) == pytest.approx(lr)
+    assert optim.lr_at(220.0, lr, mn, 40, 400) == pytest.approx(mn + (lr - mn) / 2)  # half-way down the cosine
+    assert optim.lr_at(400.0, lr, mn, 40, 400) == pytest.approx(mn)
+    model = greenmim.create_model(NANO)
+    decay, no_decay = optim.param_groups(model, 0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    exempt = {names[id(p)] for p in no_decay["params"]}
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+    assert "mask_token" in exempt and "encoder.layers.0.blocks.0.attn.relative_position_bias_table" in exempt
+    assert "encoder.layers.0.blocks.0.norm1.weight" in exempt and "decoder_pred.bias" in exempt
+    assert "encoder.layers.0.blocks.0.attn.qkv.weight" in decayed and "decoder_embed.weight" in decayed
+    assert exempt | decayed == set(names.values()) and not exempt & decayed
+    assert all(p.ndim >= 2 for p in decay["params"])
