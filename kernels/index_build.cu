@@ -9,7 +9,7 @@
 #include <greenmim/kernels.h>
 
 #if defined(GREENMIM_CUDA_EMULATION)
-#include "cub_emu.hpp"  // test/emu: sequential stand-ins for the three CUB algorithms used here
+#include "cub_emu.hpp"  // kernels/emu: sequential stand-ins for the three CUB algorithms used here
 #else
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>

@@ -2,7 +2,9 @@
 
 The package calls them through ctypes (greenmim/_lib.py) and compiles nothing against torch.
 Environment: GREENMIM_LIB_DIR=<dir> packages already-built libraries instead of building;
-GREENMIM_CUDA=OFF|ON|AUTO (default AUTO) chooses whether the CUDA kernels are built;
+GREENMIM_CUDA=OFF|ON|AUTO (default AUTO) chooses whether the CUDA kernels are built; the kernels on
+the CPU emulator (libgreenmim_emu.so, greenmim.emulate_cuda()) are built whenever the CUDA headers
+are found, with or without nvcc;
 CMAKE_BUILD_PARALLEL_LEVEL as usual.
 """
 import os
@@ -17,7 +19,7 @@ from setuptools.dist import Distribution
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-LIBS = ("libgreenmim_host.so", "libgreenmim_cuda.so")
+LIBS = ("libgreenmim_host.so", "libgreenmim_cuda.so", "libgreenmim_emu.so")
 
 
 def _build_libs() -> pathlib.Path:

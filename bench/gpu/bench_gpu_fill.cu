@@ -1,7 +1,7 @@
 // Device-side random fill for greenmim_gpu_bench (host-side generation of ~100 MB per tensor
 // would dominate the run). Counter-based hash -> approximately normal values (sum of 4 uniforms).
 #if defined(GREENMIM_CUDA_EMULATION)
-#include "cuda_emu.hpp"  // test/emu: the bench's smoke run on the CPU emulator (ctest gpu_bench_emulated)
+#include "cuda_emu.hpp"  // kernels/emu: the bench's smoke run on the CPU emulator (ctest gpu_bench_emulated)
 #else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

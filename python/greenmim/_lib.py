@@ -2,7 +2,7 @@
 
 - ``greenmim_host.h`` (libgreenmim_host.so): planner, index builders, CPU reference attention.
 - ``kernels.h`` (libgreenmim_cuda.so, or libgreenmim_emu.so: the same kernel sources on the CPU
-  emulator of test/emu, used by the tests to run the CUDA path on CPU tensors).
+  emulator of kernels/emu: ``greenmim.emulate_cuda()`` runs the CUDA path on CPU tensors).
 
 Nothing here is compiled against torch, so one build serves every torch version. The libraries
 are looked up in ``$GREENMIM_LIB_DIR``, then next to this file (``_libs/``, where ``pip install``

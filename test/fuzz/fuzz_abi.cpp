@@ -1,4 +1,4 @@
-// libFuzzer target: argument checks of the C ABI (kernels.h) on the CPU emulator (test/emu),
+// libFuzzer target: argument checks of the C ABI (kernels.h) on the CPU emulator (kernels/emu),
 // every entry point, one family per file:
 //   fuzz_abi_attention.cpp  gm_attention_fwd / _bwd (+ can_implement, workspace size),
 //                           gm_partition_tokens / gm_unpartition_tokens (+ can_implement)

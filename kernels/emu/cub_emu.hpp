@@ -1,6 +1,6 @@
 //! \file cub_emu.hpp
 //! Sequential host stand-ins for the three CUB device algorithms kernels/index_build.cu calls,
-//! for its emulation build (test/emu). They keep CUB's two-phase temporary-storage protocol
+//! for its emulation build (kernels/emu). They keep CUB's two-phase temporary-storage protocol
 //! (a null d_temp_storage asks for the size; too little storage is refused) so that the
 //! builder's own carving of one allocation is exercised; the algorithms themselves are CUB's
 //! business and are only verified on a GPU.
