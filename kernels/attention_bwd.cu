@@ -7,9 +7,11 @@
 //!   1. attention_bwd_dq_simt   delta = rowsum(dO*O) -> workspace, dq, per-CTA d(bias) partials
 //!   2. attention_bwd_dkdv_simt dk, dv (reads delta)
 //!   3. dbias_reduce            d_bias_table += fixed-order sum of the partials (if requested)
-//! tensor-core (fp16/bf16, G <= 256, 16-byte aligned rows; GM_ALGO_AUTO's choice when it applies):
-//!   G <= 64:  1. attention_bwd_mma             dq, dk, dv in one pass, per-CTA d(bias) partials (same layout)
-//!   G > 64:   1. attention_bwd_dq_mma_tiled    delta -> workspace, dq, per-CTA d(bias) partials
+//! tensor-core (fp16/bf16, G <= GM_MMA_MAX_GROUP, 16-byte aligned rows; GM_ALGO_AUTO's choice
+//! when it applies):
+//!   one pass (G <= k_mma_one_pass_max_group):
+//!             1. attention_bwd_mma             dq, dk, dv, per-CTA d(bias) partials (same layout)
+//!   tiled:    1. attention_bwd_dq_mma_tiled    delta -> workspace, dq, per-CTA d(bias) partials
 //!             2. attention_bwd_dkdv_mma_tiled  dk, dv (reads delta), key tiles of 64
 //!   then dbias_reduce as above
 #include <greenmim/kernels.h>
@@ -20,11 +22,8 @@
 #include "detail/attention_bwd_mma_tiled.cuh"
 #include "detail/attention_checks.hpp"
 #include "detail/attention_simt.cuh"
+#include "detail/attention_traits.hpp"
 #include "detail/launch.cuh"
-
-static_assert(greenmim::detail::cuda::mma_bwd_tiled<32>::MAXG == GM_MMA_MAX_GROUP &&
-                  greenmim::detail::cuda::mma_bwd_tiled<64>::MAXG == GM_MMA_MAX_GROUP,
-              "the tiled tensor-core kernels' slot arrays hold GM_MMA_MAX_GROUP entries");
 
 namespace greenmim {
 namespace detail {
@@ -64,9 +63,6 @@ __global__ void __launch_bounds__(1024) dbias_reduce(const float* __restrict__ p
 }
 
 constexpr std::size_t ws_align = 256;
-//! Dynamic shared memory the backward may ask for: fits the opt-in limit of sm_80 (163 KB) and
-//! sm_90 (227 KB).
-constexpr std::size_t max_smem_bytes = 160u * 1024u;
 
 //! The current device's opt-in shared memory per block.
 inline cudaError_t query_smem_optin(std::size_t& bytes) {
@@ -96,11 +92,12 @@ struct bwd_layout {
   std::size_t total() const { return align_up(delta_bytes) + align_up(partial_bytes); }
 };
 
-//! Dynamic shared memory of the tensor-core backward (the larger of its kernels' for G > 64).
+//! Dynamic shared memory of the tensor-core backward (tiled: the larger of its two kernels').
 inline std::size_t mma_bwd_smem(std::int64_t D, int G, int bias_rows, bool want_dbias) {
-  if (G <= 64)
-    return D == 32 ? mma_bwd_tile<32>::smem(bias_rows, want_dbias) : mma_bwd_tile<64>::smem(bias_rows, want_dbias);
-  return D == 32 ? mma_bwd_tiled<32>::smem_dq(bias_rows, want_dbias) : mma_bwd_tiled<64>::smem_dq(bias_rows, want_dbias);
+  if (G <= k_mma_one_pass_max_group)
+    return D == 32 ? mma_tile<32>::smem_bwd(bias_rows, want_dbias) : mma_tile<64>::smem_bwd(bias_rows, want_dbias);
+  return D == 32 ? mma_tile<32>::smem_bwd_dq_tiled(bias_rows, want_dbias)
+                 : mma_tile<64>::smem_bwd_dq_tiled(bias_rows, want_dbias);
 }
 
 //! Checks; on success `d` and `ws` describe the problem and `use_mma` the chosen implementation.
@@ -138,27 +135,29 @@ cudaError_t check_bwd(const gm_attention_bwd_args* a, attn_dims& d, bwd_layout& 
     GM_REFUSE_IF(overlap(a->d_bias_table, 4, a->lse, 4), "d_bias_table overlaps lse");
     GM_REFUSE_IF(overlap(a->d_bias_table, 4, a->bias_table, 4), "d_bias_table overlaps the bias table");
   }
-  // tensor-core path: fp16/bf16, G <= 256 (one pass up to 64, two tiled kernels above), every row of the eight tensors 16-byte aligned, and its
-  // shared memory within the limits (the device's own opt-in limit when one can be asked)
+  // tensor-core path: fp16/bf16, G <= GM_MMA_MAX_GROUP, every row of the eight tensors 16-byte
+  // aligned, and its shared memory within the limits (the device's own opt-in limit when one can
+  // be asked)
   bool vec = true;
   for (const gm_tensor* t : ins) vec = vec && rows_aligned16(*t, es);
   for (const gm_tensor* t : outs) vec = vec && rows_aligned16(*t, es);
   const std::size_t mma_smem = mma_bwd_smem(d.D, a->part.group_size, d.bias_rows, want_dbias);
-  const std::size_t mma_optin = mma_smem > 48u * 1024u ? device_smem_optin() : 0;
-  const bool mma_ok = a->dtype != GM_FLOAT32 && a->part.group_size <= GM_MMA_MAX_GROUP && vec && mma_smem <= max_smem_bytes &&
-                      (mma_optin == 0 || mma_smem <= mma_optin);
+  const std::size_t mma_optin = mma_smem > k_default_smem_bytes ? device_smem_optin() : 0;
+  const bool mma_ok = a->dtype != GM_FLOAT32 && a->part.group_size <= k_mma_max_group && vec &&
+                      mma_smem <= k_max_smem_bytes && (mma_optin == 0 || mma_smem <= mma_optin);
   if (a->algo == GM_ALGO_MMA)
-    GM_REFUSE_IF(!mma_ok, "GM_ALGO_MMA (backward) needs fp16/bf16, group_size <= 256, 16-byte aligned rows of q, k, "
-                          "v, o, d_o, dq, dk, dv, and its shared memory within the device limit");
+    GM_REFUSE_IF(!mma_ok, "GM_ALGO_MMA (backward) needs fp16/bf16, group_size <= " GM_STRINGIFY(GM_MMA_MAX_GROUP)
+                          ", 16-byte aligned rows of q, k, v, o, d_o, dq, dk, dv, and its shared memory within the "
+                          "device limit");
   use_mma = a->algo == GM_ALGO_MMA || (a->algo == GM_ALGO_AUTO && mma_ok);
   // shared memory of the SIMT dq kernel: one float row of the table per warp when dbias is wanted
   if (want_dbias && !use_mma) {
-    const std::size_t smem = d.D == 32 ? simt_smem<32>::bwd_dq(a->part.group_size, d.bias_rows)
-                                       : simt_smem<64>::bwd_dq(a->part.group_size, d.bias_rows);
-    GM_REFUSE_IF(smem > max_smem_bytes, "window too large for d_bias_table at this head_dim (shared memory)");
+    const std::size_t smem = d.D == 32 ? simt_tile<32>::smem_bwd_dq(a->part.group_size, d.bias_rows)
+                                       : simt_tile<64>::smem_bwd_dq(a->part.group_size, d.bias_rows);
+    GM_REFUSE_IF(smem > k_max_smem_bytes, "window too large for d_bias_table at this head_dim (shared memory)");
     // the current device's own limit (sm_86/89 opt in to ~99 KB, not 227 KB); without a device
     // to ask, the launch checks again
-    const std::size_t optin = smem > 48u * 1024u ? device_smem_optin() : 0;
+    const std::size_t optin = smem > k_default_smem_bytes ? device_smem_optin() : 0;
     GM_REFUSE_IF(optin > 0 && smem > optin, "window too large for d_bias_table on this device (shared memory per block)");
   }
   // workspace
@@ -172,7 +171,7 @@ cudaError_t check_bwd(const gm_attention_bwd_args* a, attn_dims& d, bwd_layout& 
 //! Raises the dynamic shared-memory limit of `kernel` when `bytes` exceeds the default 48 KB.
 template <class K>
 cudaError_t allow_smem(K kernel, std::size_t bytes) {
-  if (bytes <= 48u * 1024u) return cudaSuccess;
+  if (bytes <= k_default_smem_bytes) return cudaSuccess;
   std::size_t optin = 0;
   GM_TRY(query_smem_optin(optin));
   GM_REFUSE_IF(bytes > optin,
@@ -211,22 +210,23 @@ cudaError_t run_bwd(const gm_attention_bwd_args& a, const attn_dims& d, const bw
 
   bool launched = false;
   if constexpr (!std::is_same<T, float>::value) {
-    if (use_mma && a.part.group_size > 64) {  // two tiled kernels, grid and partials as the SIMT ones
+    using C = mma_tile<D>;
+    if (use_mma && a.part.group_size > k_mma_one_pass_max_group) {  // two tiled kernels, grid and partials as SIMT's
       const dim3 grid(static_cast<unsigned>(a.part.num_groups * d.q_tiles), static_cast<unsigned>(d.H),
                       static_cast<unsigned>(d.B));
-      const std::size_t smem_dq = mma_bwd_tiled<D>::smem_dq(d.bias_rows, want_dbias);
-      const std::size_t smem_dkdv = mma_bwd_tiled<D>::smem_dkdv(d.bias_rows);
+      const std::size_t smem_dq = C::smem_bwd_dq_tiled(d.bias_rows, want_dbias);
+      const std::size_t smem_dkdv = C::smem_bwd_tiled(d.bias_rows);
       GM_TRY(allow_smem(attention_bwd_dq_mma_tiled<T, D>, smem_dq));
       GM_TRY(allow_smem(attention_bwd_dkdv_mma_tiled<T, D>, smem_dkdv));
-      GM_TRY(launch(attention_bwd_dq_mma_tiled<T, D>, grid, mma_bwd_tiled<D>::THREADS, smem_dq, stream, p));
-      GM_TRY(launch(attention_bwd_dkdv_mma_tiled<T, D>, grid, mma_bwd_tiled<D>::THREADS, smem_dkdv, stream, p));
+      GM_TRY(launch(attention_bwd_dq_mma_tiled<T, D>, grid, C::THREADS, smem_dq, stream, p));
+      GM_TRY(launch(attention_bwd_dkdv_mma_tiled<T, D>, grid, C::THREADS, smem_dkdv, stream, p));
       launched = true;
     } else if (use_mma) {  // one CTA per (group, head, sample); its d(bias) partial has the SIMT layout (q_tiles = 1)
       p.q_tiles = 1;
       const dim3 grid(static_cast<unsigned>(a.part.num_groups), static_cast<unsigned>(d.H), static_cast<unsigned>(d.B));
-      const std::size_t smem = mma_bwd_tile<D>::smem(d.bias_rows, want_dbias);
+      const std::size_t smem = C::smem_bwd(d.bias_rows, want_dbias);
       GM_TRY(allow_smem(attention_bwd_mma<T, D>, smem));
-      GM_TRY(launch(attention_bwd_mma<T, D>, grid, mma_bwd_tile<D>::THREADS, smem, stream, p));
+      GM_TRY(launch(attention_bwd_mma<T, D>, grid, C::THREADS, smem, stream, p));
       launched = true;
     }
   }
@@ -235,10 +235,10 @@ cudaError_t run_bwd(const gm_attention_bwd_args& a, const attn_dims& d, const bw
     const dim3 grid(static_cast<unsigned>(a.part.num_groups * d.q_tiles), static_cast<unsigned>(d.H),
                     static_cast<unsigned>(d.B));
     const int G = a.part.group_size;
-    const std::size_t smem_dq = simt_smem<D>::bwd_dq(G, want_dbias ? d.bias_rows : 0);
+    const std::size_t smem_dq = simt_tile<D>::smem_bwd_dq(G, want_dbias ? d.bias_rows : 0);
     GM_TRY(allow_smem(attention_bwd_dq_simt<T, D>, smem_dq));
     GM_TRY(launch(attention_bwd_dq_simt<T, D>, grid, simt_tile<D>::THREADS, smem_dq, stream, p));
-    GM_TRY(launch(attention_bwd_dkdv_simt<T, D>, grid, simt_tile<D>::THREADS, simt_smem<D>::bwd_dkdv(G), stream, p));
+    GM_TRY(launch(attention_bwd_dkdv_simt<T, D>, grid, simt_tile<D>::THREADS, simt_tile<D>::smem_bwd_dkdv(G), stream, p));
   }
   if (want_dbias && ws.partial_count > 0) {
     table2f out;
@@ -304,7 +304,7 @@ extern "C" cudaError_t gm_attention_bwd(const gm_attention_bwd_args* args, void*
     if (d.B == 0 || d.N == 0 || d.H == 0 || args->part.num_groups == 0) return cudaSuccess;
     GM_REFUSE_IF(workspace_bytes < ws.total(), "workspace smaller than gm_attention_bwd_workspace_size");
     GM_REFUSE_IF(ws.total() > 0 && workspace == nullptr, "workspace is null");
-    GM_REFUSE_IF(reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0, "workspace must be 256-byte aligned");
+    GM_REFUSE_IF(reinterpret_cast<std::uintptr_t>(workspace) % ws_align != 0, "workspace must be 256-byte aligned");
     switch (args->dtype) {
       case GM_FLOAT32: return run_bwd_d<float>(*args, d, ws, false, workspace, stream);
       case GM_FLOAT16: return run_bwd_d<__half>(*args, d, ws, use_mma, workspace, stream);

@@ -1,25 +1,21 @@
 //! \file attention_fwd.cu
 //! Forward entry points of group window attention (C ABI) and the instantiations of the forward
-//! kernels: SIMT for {fp32, fp16, bf16} x head_dim {32, 64}, MMA for {fp16, bf16} x {32, 64}:
-//! one pass for G <= 64 (attention_mma.cuh; several heads per CTA at head_dim 32), query tiles of
-//! 64 slots with an online softmax over key tiles for 64 < G <= 256 (attention_fwd_mma_tiled.cuh).
+//! kernels: SIMT for {fp32, fp16, bf16} x head_dim {32, 64}; tensor-core for {fp16, bf16} x {32,
+//! 64}, one pass up to k_mma_one_pass_max_group slots (several heads per CTA at head_dim 32),
+//! 64-slot query tiles above, up to GM_MMA_MAX_GROUP.
 #include <greenmim/kernels.h>
 
 #include "detail/attention_checks.hpp"
+#include "detail/attention_fwd_mma.cuh"
 #include "detail/attention_fwd_mma_tiled.cuh"
-#include "detail/attention_mma.cuh"
 #include "detail/attention_simt.cuh"
+#include "detail/attention_traits.hpp"
 #include "detail/fwd_tuning.hpp"
 #include "detail/launch.cuh"
 
 namespace greenmim {
 namespace detail {
 namespace cuda {
-
-int& fwd_mma_heads_override() {
-  static int v = 0;
-  return v;
-}
 
 namespace {
 
@@ -46,19 +42,24 @@ cudaError_t check_fwd(const gm_attention_fwd_args* a, attn_dims& d, bool& use_mm
   }
   const bool vec = rows_aligned16(a->q, es) && rows_aligned16(a->k, es) && rows_aligned16(a->v, es) &&
                    rows_aligned16(a->o, es);
-  // tensor cores: one pass for G <= 64, query tiles for G <= 256 (both fit 48 KB for window <= 32)
+  // tensor cores: one pass, or query tiles (both within the default shared memory for any window
+  // the checks accept)
   const int G = a->part.group_size;
-  const std::size_t mma_smem = G <= 64 ? (d.D == 32 ? mma_tile<32>::smem(d.bias_rows) : mma_tile<64>::smem(d.bias_rows))
-                                       : (d.D == 32 ? mma_fwd_tiled<32>::smem(d.bias_rows) : mma_fwd_tiled<64>::smem(d.bias_rows));
-  const bool mma_ok = a->dtype != GM_FLOAT32 && G <= GM_MMA_MAX_GROUP && vec && mma_smem <= 48u * 1024u;
+  const bool one_pass = G <= k_mma_one_pass_max_group;
+  const std::size_t mma_smem = one_pass ? (d.D == 32 ? mma_tile<32>::smem_fwd(d.bias_rows) : mma_tile<64>::smem_fwd(d.bias_rows))
+                                        : (d.D == 32 ? mma_tile<32>::smem_fwd_tiled(d.bias_rows)
+                                                     : mma_tile<64>::smem_fwd_tiled(d.bias_rows));
+  const bool mma_ok = a->dtype != GM_FLOAT32 && G <= k_mma_max_group && vec && mma_smem <= k_default_smem_bytes;
   if (a->algo == GM_ALGO_MMA)
-    GM_REFUSE_IF(!mma_ok, "GM_ALGO_MMA needs fp16/bf16, group_size <= 256, 16-byte aligned rows and window <= 32");
+    GM_REFUSE_IF(!mma_ok, "GM_ALGO_MMA needs fp16/bf16, group_size <= " GM_STRINGIFY(GM_MMA_MAX_GROUP)
+                          ", 16-byte aligned rows and window <= " GM_STRINGIFY(GM_MAX_WINDOW));
   use_mma = a->algo == GM_ALGO_MMA || (a->algo == GM_ALGO_AUTO && mma_ok);
   return cudaSuccess;
 }
 
 template <class T, int D>
-cudaError_t run_fwd(const gm_attention_fwd_args& a, const attn_dims& d, bool use_mma, cudaStream_t stream) {
+cudaError_t run_fwd(const gm_attention_fwd_args& a, const attn_dims& d, bool use_mma, const fwd_tuning& tuning,
+                    cudaStream_t stream) {
   fwd_params<T> p;
   p.q = to_rows<const T>(a.q);
   p.k = to_rows<const T>(a.k);
@@ -75,52 +76,70 @@ cudaError_t run_fwd(const gm_attention_fwd_args& a, const attn_dims& d, bool use
   p.vec = rows_aligned16(a.q, es) && rows_aligned16(a.k, es) && rows_aligned16(a.v, es) && rows_aligned16(a.o, es);
   if (use_mma) {
     if constexpr (!std::is_same<T, float>::value) {
-      if (a.part.group_size > 64) {  // query tiles of 64 slots, grid as the SIMT kernel's
+      using C = mma_tile<D>;
+      if (a.part.group_size > k_mma_one_pass_max_group) {  // query tiles, grid as the SIMT kernel's
         p.q_tiles = d.q_tiles;
         const dim3 grid(static_cast<unsigned>(a.part.num_groups * d.q_tiles), static_cast<unsigned>(d.H),
                         static_cast<unsigned>(d.B));
-        return launch(attention_fwd_mma_tiled<T, D>, grid, mma_fwd_tiled<D>::THREADS, mma_fwd_tiled<D>::smem(d.bias_rows),
-                      stream, p);
+        return launch(attention_fwd_mma_tiled<T, D>, grid, C::THREADS, C::smem_fwd_tiled(d.bias_rows), stream, p);
       }
       p.q_tiles = 1;
       if constexpr (D == 32) {  // several heads per CTA (head_dim 64: see fwd_heads_min_ctas)
-        constexpr std::size_t smem_cap = 48u * 1024u;
+        auto fits = [&](int hpc) { return C::smem_fwd_heads(d.bias_rows, hpc) <= k_default_smem_bytes; };
         int hpc = 1;
-        if (fwd_mma_heads_override() > 0) {
-          hpc = fwd_mma_heads_override() < d.H ? fwd_mma_heads_override() : static_cast<int>(d.H);
-          while (hpc > 1 && mma_heads_tile<D>::smem(d.bias_rows, hpc) > smem_cap) --hpc;
+        if (tuning.heads_per_cta > 0) {
+          hpc = tuning.heads_per_cta < d.H ? tuning.heads_per_cta : static_cast<int>(d.H);
+          while (hpc > 1 && !fits(hpc)) --hpc;
         } else if (d.H > 1) {
           int dev = 0, sms = 0;
           GM_TRY(cudaGetDevice(&dev));
           GM_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-          hpc = fwd_mma_heads_per_cta(a.part.num_groups, d.H, d.B, sms,
-                                      mma_heads_tile<D>::smem(d.bias_rows, 4) <= smem_cap,
-                                      mma_heads_tile<D>::smem(d.bias_rows, 2) <= smem_cap);
+          hpc = fwd_mma_heads_per_cta(a.part.num_groups, d.H, d.B, sms, fits(4), fits(2));
         }
         if (hpc > 1) {
           const unsigned head_ctas = static_cast<unsigned>((d.H + hpc - 1) / hpc);
           const dim3 grid(static_cast<unsigned>(a.part.num_groups), head_ctas, static_cast<unsigned>(d.B));
-          return launch(attention_fwd_mma_heads<T, D>, grid, mma_tile<D>::THREADS,
-                        mma_heads_tile<D>::smem(d.bias_rows, hpc), stream, p, hpc);
+          return launch(attention_fwd_mma_heads<T, D>, grid, C::THREADS, C::smem_fwd_heads(d.bias_rows, hpc), stream, p,
+                        hpc);
         }
       }
       const dim3 grid(static_cast<unsigned>(a.part.num_groups), static_cast<unsigned>(d.H), static_cast<unsigned>(d.B));
-      return launch(attention_fwd_mma<T, D>, grid, mma_tile<D>::THREADS, mma_tile<D>::smem(d.bias_rows), stream, p);
+      return launch(attention_fwd_mma<T, D>, grid, C::THREADS, C::smem_fwd(d.bias_rows), stream, p);
     }
     return refuse("internal: mma path for float32");
   }
   p.q_tiles = d.q_tiles;
   const dim3 grid(static_cast<unsigned>(a.part.num_groups * d.q_tiles), static_cast<unsigned>(d.H),
                   static_cast<unsigned>(d.B));
-  return launch(attention_fwd_simt<T, D>, grid, simt_tile<D>::THREADS, simt_smem<D>::fwd(a.part.group_size), stream, p);
+  return launch(attention_fwd_simt<T, D>, grid, simt_tile<D>::THREADS, simt_tile<D>::smem_fwd(a.part.group_size), stream,
+                p);
 }
 
 template <class T>
-cudaError_t run_fwd_d(const gm_attention_fwd_args& a, const attn_dims& d, bool use_mma, cudaStream_t stream) {
-  return d.D == 32 ? run_fwd<T, 32>(a, d, use_mma, stream) : run_fwd<T, 64>(a, d, use_mma, stream);
+cudaError_t run_fwd_d(const gm_attention_fwd_args& a, const attn_dims& d, bool use_mma, const fwd_tuning& tuning,
+                      cudaStream_t stream) {
+  return d.D == 32 ? run_fwd<T, 32>(a, d, use_mma, tuning, stream) : run_fwd<T, 64>(a, d, use_mma, tuning, stream);
 }
 
 }  // namespace
+
+cudaError_t attention_fwd(const gm_attention_fwd_args* args, const fwd_tuning& tuning, cudaStream_t stream) {
+  try {
+    attn_dims d;
+    bool use_mma = false;
+    GM_TRY(check_fwd(args, d, use_mma));
+    if (d.B == 0 || d.N == 0 || d.H == 0 || args->part.num_groups == 0) return cudaSuccess;
+    switch (args->dtype) {
+      case GM_FLOAT32: return run_fwd_d<float>(*args, d, false, tuning, stream);
+      case GM_FLOAT16: return run_fwd_d<__half>(*args, d, use_mma, tuning, stream);
+      case GM_BFLOAT16: return run_fwd_d<__nv_bfloat16>(*args, d, use_mma, tuning, stream);
+    }
+    return refuse("dtype");
+  } catch (...) {
+    return cudaErrorUnknown;
+  }
+}
+
 }  // namespace cuda
 }  // namespace detail
 }  // namespace greenmim
@@ -137,19 +156,5 @@ extern "C" cudaError_t gm_attention_fwd_can_implement(const gm_attention_fwd_arg
 }
 
 extern "C" cudaError_t gm_attention_fwd(const gm_attention_fwd_args* args, cudaStream_t stream) {
-  using namespace greenmim::detail::cuda;
-  try {
-    attn_dims d;
-    bool use_mma = false;
-    GM_TRY(check_fwd(args, d, use_mma));
-    if (d.B == 0 || d.N == 0 || d.H == 0 || args->part.num_groups == 0) return cudaSuccess;
-    switch (args->dtype) {
-      case GM_FLOAT32: return run_fwd_d<float>(*args, d, false, stream);
-      case GM_FLOAT16: return run_fwd_d<__half>(*args, d, use_mma, stream);
-      case GM_BFLOAT16: return run_fwd_d<__nv_bfloat16>(*args, d, use_mma, stream);
-    }
-    return refuse("dtype");
-  } catch (...) {
-    return cudaErrorUnknown;
-  }
+  return greenmim::detail::cuda::attention_fwd(args, greenmim::detail::cuda::fwd_tuning{}, stream);
 }

@@ -378,14 +378,14 @@ int main(int argc, char** argv) {
         // (G <= 64; above, the query-tile kernel always runs one head per CTA: the AUTO row)
         const gm_attention_fwd_args probe = fwd_args(0, GM_ALGO_MMA);
         if (part.group_size <= 64 && gm_attention_fwd_can_implement(&probe) == cudaSuccess) {
-          greenmim::detail::cuda::fwd_mma_heads_override() = 1;
+          greenmim::detail::cuda::fwd_tuning one_head;
+          one_head.heads_per_cta = 1;
           const double ms = median_ms(
               [&](int i) {
                 const gm_attention_fwd_args a = fwd_args(i % sets, GM_ALGO_MMA);
-                BENCH_CHECK(gm_attention_fwd(&a, nullptr));
+                BENCH_CHECK(greenmim::detail::cuda::attention_fwd(&a, one_head, nullptr));
               },
               opt.warmup, opt.reps);
-          greenmim::detail::cuda::fwd_mma_heads_override() = 0;
           add("forward (mma, 1 head/CTA)", ms, 4 * row_bytes + lse_bytes, fwd_flops);
         }
       }

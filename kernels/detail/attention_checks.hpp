@@ -17,7 +17,7 @@ struct attn_dims {
   std::int64_t B = 0, N = 0, H = 0, D = 0;
   int bias_rows = 0;
   bool with_bias = false;
-  int q_tiles = 1;  // SIMT row tiles per group
+  int q_tiles = 1;  // row tiles per group (attention_traits.hpp)
   float scale = 1.f;
 };
 
@@ -48,7 +48,7 @@ inline cudaError_t check_attention_core(gm_dtype dtype, const gm_tensor& q, cons
   GM_REFUSE_IF(part.num_tokens != d.N, "part.num_tokens must equal the token extent of q");
   const std::int64_t slots = static_cast<std::int64_t>(part.group_size) * part.num_groups;
   GM_REFUSE_IF(slots > std::numeric_limits<index_t>::max(), "num_groups * group_size overflows int32");
-  d.q_tiles = (part.group_size + 63) / 64;
+  d.q_tiles = tiles_of(part.group_size);
   GM_REFUSE_IF(static_cast<std::int64_t>(part.num_groups) * d.q_tiles > std::numeric_limits<int>::max(),
                "too many groups for the grid");
   GM_REFUSE_IF(slots > 0 && (part.gather == nullptr || part.slot_window == nullptr),

@@ -1,12 +1,14 @@
 //! \file attention_params.hpp
 //! Private: the kernel-argument structs of the attention kernels (trivially copyable, passed by
-//! value) and the tiling constants shared by the launchers and the kernels.
+//! value). Their tile shapes: attention_traits.hpp.
 #pragma once
 
 #include <cstdint>
 
 #include <greenmim/config.hpp>
 #include <greenmim/partition_types.hpp>
+
+#include "attention_traits.hpp"
 
 namespace greenmim {
 namespace detail {
@@ -48,7 +50,7 @@ struct fwd_params {
   int batch = 0, heads = 0, window = 1;
   float scale = 1.f;
   bool vec = false;       // every row of q, k, v, o is 16-byte aligned
-  int q_tiles = 1;        // query tiles per group (SIMT kernel)
+  int q_tiles = 1;        // query tiles per group (SIMT and tiled tensor-core kernels)
 };
 
 template <class T>
@@ -64,20 +66,6 @@ struct bwd_params {
   int q_tiles = 1;        // query (and key) tiles per group
   float* delta = nullptr; // workspace [B][heads][n_g*G]: rowsum(dO * O) per slot
   float* dbias_partial = nullptr;  // workspace [B*n_g*q_tiles][heads][rows]; null: no dbias
-};
-
-//! Tiling of the SIMT kernels: each query (or key) row is owned by a team of D/16 lanes holding
-//! 16 elements each; 64 rows per CTA; keys (queries) staged through shared memory 64 at a time.
-template <int D>
-struct simt_tile {
-  static_assert(D % 16 == 0 && D >= 16 && D <= 128, "head_dim must be a multiple of 16 in [16, 128]");
-  static constexpr int E = 16;            // elements per lane
-  static constexpr int TEAM = D / E;      // lanes per row
-  static constexpr int ROWS = 64;         // rows per CTA
-  static constexpr int TILE = 64;         // staged rows per shared-memory tile
-  static constexpr int THREADS = ROWS * TEAM;
-  static constexpr int WARPS = THREADS / 32;
-  static constexpr int LD = D + 4;        // padded smem row (floats): conflict-free float4 reads
 };
 
 }  // namespace cuda

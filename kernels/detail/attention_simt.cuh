@@ -1,25 +1,16 @@
 //! \file attention_simt.cuh
-//! Private: the CUDA-core (SIMT) group window attention kernels, forward and backward.
+//! Private: the CUDA-core (SIMT) attention kernels, any dtype, G <= GM_SIMT_MAX_GROUP: the
+//! forward, and the backward in two kernels (query-major dq, key-major dk and dv).
 //!
-//! Work decomposition (all kernels): one CTA per (query- or key-row tile of 64 slots, group,
-//! head, sample): grid (n_g * tiles, heads, B). A row (slot) is owned by a team of D/16 lanes,
+//! One CTA per (64-row tile, group, head, sample). A row (slot) is owned by a team of D/16 lanes,
 //! each holding 16 of its head_dim elements in registers; dot products are reduced across the
-//! team with a fixed xor butterfly. The other operand (keys/values, or queries/dO for the key-
-//! major kernel) is staged through shared memory as fp32, 64 rows per tile, read straight from
-//! the visible-token layout through `gather` (no grouped copy).
-//!
-//! Exact block-diagonal semantics: a row only ever visits slots x with attends(win_row, win[x])
-//! (the same window); every other pair is skipped, so nothing of another window (not a NaN, not
-//! an Inf) reaches a row, and padding rows/columns are never read or written. The loop over x is
-//! warp-uniform (bounds = the warp's union of window ranges) so that team shuffles and the dbias
-//! bookkeeping below stay convergent; lanes whose row does not attend x only skip the update.
-//!
-//! d(bias) determinism: in the dq kernel each warp owns a private float row of the table in
-//! shared memory. For one key x, the lanes of a warp that attend x belong to one window and have
-//! distinct coordinates, hence distinct buckets: the read-modify-writes of one iteration touch
-//! distinct addresses, and a __syncwarp() orders successive iterations. The per-warp rows are then
-//! summed in warp order into a per-CTA partial in the workspace, and `dbias_reduce` sums the
-//! partials in a fixed order. No float atomics anywhere: bitwise identical run to run.
+//! team with a fixed xor butterfly. The other operand is staged through shared memory as fp32,
+//! 64 rows per tile, read straight from the token layout through `gather`. A row only ever visits
+//! slots of its own window (no value of another window, not a NaN, reaches it); the loop over
+//! slots is warp-uniform (the warp's union of window ranges), so team shuffles stay convergent.
+//! d(bias) is deterministic: each warp owns a float row of the table in shared memory (the lanes
+//! attending one key have distinct buckets; __syncwarp orders the steps), summed in warp order
+//! into a per-CTA partial that `dbias_reduce` sums in a fixed order.
 #pragma once
 
 #include <climits>
@@ -27,47 +18,107 @@
 
 #include "attention_params.hpp"
 #include "device_common.cuh"
+#include "mask.cuh"
+#include "softmax.cuh"
+#include "tile_stage.cuh"
 
 namespace greenmim {
 namespace detail {
 namespace cuda {
 
-//! Shared-memory bytes of the SIMT kernels (dynamic part).
-template <int D>
-struct simt_smem {
-  using C = simt_tile<D>;
-  static constexpr std::size_t tiles = 2u * C::TILE * C::LD * sizeof(float);
-  static std::size_t fwd(int G) { return tiles + 2u * static_cast<std::size_t>(G) * sizeof(index_t); }
-  static std::size_t bwd_dq(int G, int dbias_rows) {
-    return fwd(G) + static_cast<std::size_t>(C::WARPS) * dbias_rows * sizeof(float);
-  }
-  static std::size_t bwd_dkdv(int G) { return fwd(G) + 2u * C::TILE * sizeof(float); }
+//! A SIMT thread's row: the slot s of its tile (query or key, by kernel), that slot's window,
+//! coordinate and token, the thread's part j of the row (elements [16 j, 16 j + 16)), and the
+//! warp's union [lo, hi) of its rows' window ranges.
+struct simt_row {
+  int slot, j;
+  index_t win, crd, token;
+  bool valid;
+  int lo, hi;
 };
 
-//! Stages the group's slot windows and coordinates into shared memory. A slot counts as real iff
-//! its window id is >= 0 and its token lies in [0, N); anything else is treated as padding.
-__device__ __forceinline__ void stage_slots(const partition_view& part, std::int64_t base, index_t* win,
-                                            index_t* crd) {
-  const int G = part.group_size;
-  for (int i = threadIdx.x; i < G; i += blockDim.x) {
-    const index_t t = part.gather[base + i];
-    const index_t w = part.slot_window[base + i];
-    win[i] = (w >= 0 && t >= 0 && t < part.num_tokens) ? w : pad_index;
-    crd[i] = part.slot_coord != nullptr ? part.slot_coord[base + i] : 0;
+//! The group's slot ids and coordinates, and an empty CTA range; the caller's barrier follows.
+template <int D>
+__device__ __forceinline__ void simt_stage_group(const partition_view& part, std::int64_t base, index_t* win,
+                                                 index_t* crd, int* cta_range) {
+  stage_slots<simt_tile<D>::THREADS>(part, base, part.group_size, win, crd);
+  if (threadIdx.x == 0) {
+    cta_range[0] = INT_MAX;
+    cta_range[1] = INT_MIN;
   }
 }
 
-//! [lo, hi) = the smallest slot range holding every slot of window `w` (any slot layout; the
-//! builders make it exactly the window's run). Empty (INT_MAX, INT_MIN) for padding.
-__device__ __forceinline__ void window_range(const index_t* win, int G, index_t w, int& lo, int& hi) {
-  lo = INT_MAX;
-  hi = INT_MIN;
-  if (w < 0) return;
-  for (int x = 0; x < G; ++x)
-    if (attends(w, win[x])) {
-      lo = lo < x ? lo : x;
-      hi = x + 1;
+//! This thread's row of tile `tile` (after the barrier), its warp's range merged into cta_range.
+template <int D>
+__device__ __forceinline__ simt_row simt_row_of(const index_t* win, const index_t* crd, const index_t* gather, int G,
+                                                int tile, int* cta_range) {
+  using C = simt_tile<D>;
+  simt_row r;
+  r.slot = tile * C::ROWS + static_cast<int>(threadIdx.x / C::TEAM);
+  r.j = static_cast<int>(threadIdx.x % C::TEAM);
+  r.win = r.slot < G ? win[r.slot] : pad_index;
+  r.valid = r.win >= 0;
+  r.crd = r.valid ? crd[r.slot] : 0;
+  r.token = r.valid ? gather[r.slot] : 0;
+  int lo, hi;
+  window_range(win, G, r.win, lo, hi);
+  r.lo = __reduce_min_sync(full_mask, lo);
+  r.hi = __reduce_max_sync(full_mask, hi);
+  if ((threadIdx.x & 31) == 0 && r.lo < r.hi) {
+    atomicMin(&cta_range[0], r.lo);
+    atomicMax(&cta_range[1], r.hi);
+  }
+  return r;
+}
+
+//! Stages the rows [t0, t0 + n) of two [B, N, heads, D] tensors as fp32 into xs, ys (row stride
+//! LD) through `gather`, x multiplied by x_mul when ScaleX; padding rows are left alone (never
+//! read). `per_row(i, slot, token)` runs once per real row.
+template <class T, int D, bool ScaleX, class PerRow>
+__device__ __forceinline__ void simt_stage_pair(float* xs, float* ys, const rows4<const T>& x, const rows4<const T>& y,
+                                                float x_mul, const index_t* gather, const index_t* win, int t0, int n,
+                                                int b, int h, bool vec, PerRow per_row) {
+  using C = simt_tile<D>;
+  constexpr int E = C::E;
+  for (int i = threadIdx.x; i < n * C::TEAM; i += blockDim.x) {
+    const int kk = i / C::TEAM, jj = i % C::TEAM, s = t0 + kk;
+    if (win[s] >= 0) {
+      const index_t t = gather[s];
+      float tmp[E];
+      seg_io<T>::load(x.row(b, t, h) + jj * E, vec, tmp);
+      if constexpr (ScaleX) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) tmp[e] *= x_mul;
+      }
+      smem_store16(xs + kk * C::LD + jj * E, tmp);
+      seg_io<T>::load(y.row(b, t, h) + jj * E, vec, tmp);
+      smem_store16(ys + kk * C::LD + jj * E, tmp);
+      if (jj == 0) per_row(kk, s, t);
     }
+  }
+}
+
+//! Two dot products at once (interleaved fused multiply-adds), each summed over the team.
+template <int Team, int E>
+__device__ __forceinline__ void team_dot2(const float (&x1)[E], const float (&y1)[E], const float (&x2)[E],
+                                          const float (&y2)[E], float& d1, float& d2) {
+  d1 = 0.f;
+  d2 = 0.f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    d1 = fmaf(x1[e], y1[e], d1);
+    d2 = fmaf(x2[e], y2[e], d2);
+  }
+  d1 = team_sum<Team>(d1);
+  d2 = team_sum<Team>(d2);
+}
+
+//! The dot product of a row with a staged row, each lane holding E elements, summed over the team.
+template <int Team, int E>
+__device__ __forceinline__ float team_dot(const float (&x)[E], const float (&y)[E]) {
+  float d = 0.f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) d = fmaf(x[e], y[e], d);
+  return team_sum<Team>(d);
 }
 
 // =================================================================================================
@@ -85,43 +136,23 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_fwd_simt(cons
   index_t* crd = win + G;
   __shared__ int cta_range[2];
 
-  const int tile = blockIdx.x % p.q_tiles;
-  const int g = blockIdx.x / p.q_tiles;
+  const int tile = blockIdx.x % p.q_tiles, g = blockIdx.x / p.q_tiles;
   const int h = blockIdx.y, b = blockIdx.z;
   const std::int64_t base = static_cast<std::int64_t>(g) * G;
   const index_t* gather = p.part.gather + base;
 
-  stage_slots(p.part, base, win, crd);
-  if (threadIdx.x == 0) { cta_range[0] = INT_MAX; cta_range[1] = INT_MIN; }
+  simt_stage_group<D>(p.part, base, win, crd, cta_range);
   __syncthreads();
-
-  const int lane = threadIdx.x & 31;
-  const int row = threadIdx.x / TEAM, j = threadIdx.x % TEAM;
-  const int s = tile * C::ROWS + row;
-  const index_t my_win = s < G ? win[s] : pad_index;
-  const bool valid = my_win >= 0;
-  const index_t my_crd = valid ? crd[s] : 0;
-  const index_t t = valid ? gather[s] : 0;
-
-  int lo, hi;
-  window_range(win, G, my_win, lo, hi);
-  const int wlo = __reduce_min_sync(full_mask, lo);
-  const int whi = __reduce_max_sync(full_mask, hi);
-  if (lane == 0 && wlo < whi) {
-    atomicMin(&cta_range[0], wlo);
-    atomicMax(&cta_range[1], whi);
-  }
+  const simt_row row = simt_row_of<D>(win, crd, gather, G, tile, cta_range);
+  const int j = row.j;
 
   float q[E], acc[E];
 #pragma unroll
-  for (int e = 0; e < E; ++e) acc[e] = 0.f;
-  if (valid) {
-    seg_io<T>::load(p.q.row(b, t, h) + j * E, p.vec, q);
+  for (int e = 0; e < E; ++e) acc[e] = q[e] = 0.f;
+  if (row.valid) {
+    seg_io<T>::load(p.q.row(b, row.token, h) + j * E, p.vec, q);
 #pragma unroll
     for (int e = 0; e < E; ++e) q[e] *= p.scale;
-  } else {
-#pragma unroll
-    for (int e = 0; e < E; ++e) q[e] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
   __syncthreads();
@@ -129,39 +160,17 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_fwd_simt(cons
 
   for (int k0 = klo; k0 < khi; k0 += TILE) {
     const int kn = min(TILE, khi - k0);
-    for (int i = threadIdx.x; i < kn * TEAM; i += blockDim.x) {
-      const int kk = i / TEAM, jj = i % TEAM, x = k0 + kk;
-      if (win[x] >= 0) {
-        const index_t tk = gather[x];
-        float tmp[E];
-        seg_io<T>::load(p.k.row(b, tk, h) + jj * E, p.vec, tmp);
-        smem_store16(ks + kk * LD + jj * E, tmp);
-        seg_io<T>::load(p.v.row(b, tk, h) + jj * E, p.vec, tmp);
-        smem_store16(vs + kk * LD + jj * E, tmp);
-      }
-    }
+    simt_stage_pair<T, D, false>(ks, vs, p.k, p.v, 1.f, gather, win, k0, kn, b, h, p.vec, [](int, int, index_t) {});
     __syncthreads();
-    const int xa = max(wlo, k0), xb = min(whi, k0 + kn);
-    for (int x = xa; x < xb; ++x) {
-      const bool att = valid && attends(my_win, win[x]);
-      if (!__any_sync(full_mask, att)) continue;
+    for (int x = max(row.lo, k0), xb = min(row.hi, k0 + kn); x < xb; ++x) {
+      const bool att = row.valid && attends(row.win, win[x]);
+      if (!__any_sync(full_mask, att)) continue;  // no lane of the warp attends the slot
       float kr[E];
       smem_load16(ks + (x - k0) * LD + j * E, kr);
-      float d = 0.f;
-#pragma unroll
-      for (int e = 0; e < E; ++e) d = fmaf(q[e], kr[e], d);
-      d = team_sum<TEAM>(d);
+      const float d = team_dot<TEAM>(q, kr);
       if (att) {
-        const float sc = d + pair_bias(p.bias.data, p.bias.s0, p.bias.s1, p.bias.rows, h, my_crd, crd[x], p.window);
-        if (sc > m) {  // false for NaN: a NaN score then poisons l and acc below, as it must
-          const float c = softmax_exp<T>(m - sc);
-          l *= c;
-#pragma unroll
-          for (int e = 0; e < E; ++e) acc[e] *= c;
-          m = sc;
-        }
-        const float pr = sc == -INFINITY ? 0.f : softmax_exp<T>(sc - m);
-        l += pr;
+        const float sc = d + pair_bias(p.bias.data, p.bias.s0, p.bias.s1, p.bias.rows, h, row.crd, crd[x], p.window);
+        const float pr = online_softmax_add<T>(sc, m, l, acc);
         float vr[E];
         smem_load16(vs + (x - k0) * LD + j * E, vr);
 #pragma unroll
@@ -171,13 +180,13 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_fwd_simt(cons
     __syncthreads();
   }
 
-  if (valid) {
+  if (row.valid) {
     const float inv = 1.f / l;
     float out[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) out[e] = acc[e] * inv;
-    seg_io<T>::store(p.o.row(b, t, h) + j * E, p.vec, out);
-    if (j == 0 && p.lse.data != nullptr) *p.lse.at(b, t, h) = m + logf(l);
+    seg_io<T>::store(p.o.row(b, row.token, h) + j * E, p.vec, out);
+    if (j == 0 && p.lse.data != nullptr) *p.lse.at(b, row.token, h) = m + logf(l);
   }
 }
 
@@ -199,41 +208,25 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_bwd_dq_simt(c
   float* wbuf = reinterpret_cast<float*>(crd + G);  // [WARPS][rows] when want_dbias
   __shared__ int cta_range[2];
 
-  const int tile = blockIdx.x % p.q_tiles;
-  const int g = blockIdx.x / p.q_tiles;
+  const int tile = blockIdx.x % p.q_tiles, g = blockIdx.x / p.q_tiles;
   const int h = blockIdx.y, b = blockIdx.z;
   const std::int64_t base = static_cast<std::int64_t>(g) * G;
   const std::int64_t slots = static_cast<std::int64_t>(p.part.num_groups) * G;
   const index_t* gather = p.part.gather + base;
 
-  stage_slots(p.part, base, win, crd);
+  simt_stage_group<D>(p.part, base, win, crd, cta_range);
   if (want_dbias)
-    for (int i = threadIdx.x; i < C::WARPS * rows; i += blockDim.x) wbuf[i] = 0.f;
-  if (threadIdx.x == 0) { cta_range[0] = INT_MAX; cta_range[1] = INT_MIN; }
+    for (int i = threadIdx.x; i < C::WARPS * rows; i += C::THREADS) wbuf[i] = 0.f;
   __syncthreads();
-
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int row = threadIdx.x / TEAM, j = threadIdx.x % TEAM;
-  const int s = tile * C::ROWS + row;
-  const index_t my_win = s < G ? win[s] : pad_index;
-  const bool valid = my_win >= 0;
-  const index_t my_crd = valid ? crd[s] : 0;
-  const index_t t = valid ? gather[s] : 0;
-
-  int lo, hi;
-  window_range(win, G, my_win, lo, hi);
-  const int wlo = __reduce_min_sync(full_mask, lo);
-  const int whi = __reduce_max_sync(full_mask, hi);
-  if (lane == 0 && wlo < whi) {
-    atomicMin(&cta_range[0], wlo);
-    atomicMax(&cta_range[1], whi);
-  }
+  const simt_row row = simt_row_of<D>(win, crd, gather, G, tile, cta_range);
+  const int warp = threadIdx.x >> 5, j = row.j;
+  const index_t t = row.token;
 
   float q[E], dout[E], dq[E];
   float lse_a = 0.f, delta_a = 0.f;
 #pragma unroll
-  for (int e = 0; e < E; ++e) dq[e] = 0.f;
-  if (valid) {
+  for (int e = 0; e < E; ++e) dq[e] = q[e] = dout[e] = 0.f;
+  if (row.valid) {
     float o[E];
     seg_io<T>::load(p.o.row(b, t, h) + j * E, p.vec, o);
     seg_io<T>::load(p.d_o.row(b, t, h) + j * E, p.vec, dout);
@@ -244,49 +237,29 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_bwd_dq_simt(c
       delta_a = fmaf(dout[e], o[e], delta_a);
     }
     lse_a = *p.lse.at(b, t, h);
-  } else {
-#pragma unroll
-    for (int e = 0; e < E; ++e) q[e] = dout[e] = 0.f;
   }
   delta_a = team_sum<TEAM>(delta_a);
-  if (valid && j == 0) p.delta[(static_cast<std::int64_t>(b) * p.heads + h) * slots + base + s] = delta_a;
+  if (row.valid && j == 0) p.delta[(static_cast<std::int64_t>(b) * p.heads + h) * slots + base + row.slot] = delta_a;
   __syncthreads();
   const int klo = cta_range[0], khi = cta_range[1];
 
   for (int k0 = klo; k0 < khi; k0 += TILE) {
     const int kn = min(TILE, khi - k0);
-    for (int i = threadIdx.x; i < kn * TEAM; i += blockDim.x) {
-      const int kk = i / TEAM, jj = i % TEAM, x = k0 + kk;
-      if (win[x] >= 0) {
-        const index_t tk = gather[x];
-        float tmp[E];
-        seg_io<T>::load(p.k.row(b, tk, h) + jj * E, p.vec, tmp);
-        smem_store16(ks + kk * LD + jj * E, tmp);
-        seg_io<T>::load(p.v.row(b, tk, h) + jj * E, p.vec, tmp);
-        smem_store16(vs + kk * LD + jj * E, tmp);
-      }
-    }
+    simt_stage_pair<T, D, false>(ks, vs, p.k, p.v, 1.f, gather, win, k0, kn, b, h, p.vec, [](int, int, index_t) {});
     __syncthreads();
-    const int xa = max(wlo, k0), xb = min(whi, k0 + kn);
-    for (int x = xa; x < xb; ++x) {
-      const bool att = valid && attends(my_win, win[x]);
-      if (!__any_sync(full_mask, att)) continue;
+    for (int x = max(row.lo, k0), xb = min(row.hi, k0 + kn); x < xb; ++x) {
+      const bool att = row.valid && attends(row.win, win[x]);
+      if (!__any_sync(full_mask, att)) continue;  // no lane of the warp attends the slot
       float kr[E], vr[E];
       smem_load16(ks + (x - k0) * LD + j * E, kr);
       smem_load16(vs + (x - k0) * LD + j * E, vr);
-      float d1 = 0.f, d2 = 0.f;
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        d1 = fmaf(q[e], kr[e], d1);
-        d2 = fmaf(dout[e], vr[e], d2);
-      }
-      d1 = team_sum<TEAM>(d1);
-      d2 = team_sum<TEAM>(d2);
+      float d1, d2;
+      team_dot2<TEAM>(q, kr, dout, vr, d1, d2);
       if (att) {
         float bias = 0.f;
         int bucket = -1;
         if (p.bias.data != nullptr) {
-          bucket = pair_bucket(my_crd, crd[x], p.window, rows);
+          bucket = pair_bucket(row.crd, crd[x], p.window, rows);
           bias = bucket >= 0 ? __ldg(p.bias.data + bucket * p.bias.s0 + h * p.bias.s1) : __int_as_float(0x7fc00000);
         }
         const float pr = softmax_exp<T>(d1 + bias - lse_a);
@@ -300,7 +273,7 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_bwd_dq_simt(c
     __syncthreads();
   }
 
-  if (valid) {
+  if (row.valid) {
 #pragma unroll
     for (int e = 0; e < E; ++e) dq[e] *= p.scale;
     seg_io<T>::store(p.dq.row(b, t, h) + j * E, p.vec, dq);
@@ -310,7 +283,7 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_bwd_dq_simt(c
     __syncthreads();
     const std::int64_t cta = (static_cast<std::int64_t>(b) * p.part.num_groups + g) * p.q_tiles + tile;
     float* out = p.dbias_partial + (cta * p.heads + h) * rows;
-    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    for (int r = threadIdx.x; r < rows; r += C::THREADS) {
       float sum = 0.f;
       for (int w = 0; w < C::WARPS; ++w) sum += wbuf[w * rows + r];
       out[r] = sum;
@@ -335,85 +308,46 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_bwd_dkdv_simt
   float* delta_s = lse_s + TILE;
   __shared__ int cta_range[2];
 
-  const int tile = blockIdx.x % p.q_tiles;
-  const int g = blockIdx.x / p.q_tiles;
+  const int tile = blockIdx.x % p.q_tiles, g = blockIdx.x / p.q_tiles;
   const int h = blockIdx.y, b = blockIdx.z;
   const std::int64_t base = static_cast<std::int64_t>(g) * G;
   const std::int64_t slots = static_cast<std::int64_t>(p.part.num_groups) * G;
   const index_t* gather = p.part.gather + base;
   const float* delta = p.delta + (static_cast<std::int64_t>(b) * p.heads + h) * slots + base;
 
-  stage_slots(p.part, base, win, crd);
-  if (threadIdx.x == 0) { cta_range[0] = INT_MAX; cta_range[1] = INT_MIN; }
+  simt_stage_group<D>(p.part, base, win, crd, cta_range);
   __syncthreads();
-
-  const int lane = threadIdx.x & 31;
-  const int row = threadIdx.x / TEAM, j = threadIdx.x % TEAM;
-  const int s = tile * C::ROWS + row;  // this row is a KEY slot
-  const index_t my_win = s < G ? win[s] : pad_index;
-  const bool valid = my_win >= 0;
-  const index_t my_crd = valid ? crd[s] : 0;
-  const index_t t = valid ? gather[s] : 0;
-
-  int lo, hi;
-  window_range(win, G, my_win, lo, hi);
-  const int wlo = __reduce_min_sync(full_mask, lo);
-  const int whi = __reduce_max_sync(full_mask, hi);
-  if (lane == 0 && wlo < whi) {
-    atomicMin(&cta_range[0], wlo);
-    atomicMax(&cta_range[1], whi);
-  }
+  const simt_row row = simt_row_of<D>(win, crd, gather, G, tile, cta_range);  // this row is a KEY slot
+  const int j = row.j;
 
   float k[E], v[E], dk[E], dv[E];
 #pragma unroll
-  for (int e = 0; e < E; ++e) dk[e] = dv[e] = 0.f;
-  if (valid) {
-    seg_io<T>::load(p.k.row(b, t, h) + j * E, p.vec, k);
-    seg_io<T>::load(p.v.row(b, t, h) + j * E, p.vec, v);
-  } else {
-#pragma unroll
-    for (int e = 0; e < E; ++e) k[e] = v[e] = 0.f;
+  for (int e = 0; e < E; ++e) k[e] = v[e] = dk[e] = dv[e] = 0.f;
+  if (row.valid) {
+    seg_io<T>::load(p.k.row(b, row.token, h) + j * E, p.vec, k);
+    seg_io<T>::load(p.v.row(b, row.token, h) + j * E, p.vec, v);
   }
   __syncthreads();
   const int alo = cta_range[0], ahi = cta_range[1];
 
   for (int a0 = alo; a0 < ahi; a0 += TILE) {
     const int an = min(TILE, ahi - a0);
-    for (int i = threadIdx.x; i < an * TEAM; i += blockDim.x) {
-      const int aa = i / TEAM, jj = i % TEAM, a = a0 + aa;
-      if (win[a] >= 0) {
-        const index_t ta = gather[a];
-        float tmp[E];
-        seg_io<T>::load(p.q.row(b, ta, h) + jj * E, p.vec, tmp);
-#pragma unroll
-        for (int e = 0; e < E; ++e) tmp[e] *= p.scale;
-        smem_store16(qs + aa * LD + jj * E, tmp);
-        seg_io<T>::load(p.d_o.row(b, ta, h) + jj * E, p.vec, tmp);
-        smem_store16(dos + aa * LD + jj * E, tmp);
-        if (jj == 0) {
-          lse_s[aa] = *p.lse.at(b, ta, h);
-          delta_s[aa] = delta[a];
-        }
-      }
-    }
+    simt_stage_pair<T, D, true>(qs, dos, p.q, p.d_o, p.scale, gather, win, a0, an, b, h, p.vec,
+                                [&](int i, int a, index_t ta) {
+                                  lse_s[i] = *p.lse.at(b, ta, h);
+                                  delta_s[i] = delta[a];
+                                });
     __syncthreads();
-    const int xa = max(wlo, a0), xb = min(whi, a0 + an);
-    for (int a = xa; a < xb; ++a) {
-      const bool att = valid && attends(win[a], my_win);
-      if (!__any_sync(full_mask, att)) continue;
+    for (int a = max(row.lo, a0), xb = min(row.hi, a0 + an); a < xb; ++a) {
+      const bool att = row.valid && attends(row.win, win[a]);
+      if (!__any_sync(full_mask, att)) continue;  // no lane of the warp attends the slot
       float qr[E], dr[E];
       smem_load16(qs + (a - a0) * LD + j * E, qr);
       smem_load16(dos + (a - a0) * LD + j * E, dr);
-      float d1 = 0.f, d2 = 0.f;
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        d1 = fmaf(qr[e], k[e], d1);
-        d2 = fmaf(dr[e], v[e], d2);
-      }
-      d1 = team_sum<TEAM>(d1);
-      d2 = team_sum<TEAM>(d2);
+      float d1, d2;
+      team_dot2<TEAM>(qr, k, dr, v, d1, d2);
       if (att) {
-        const float sc = d1 + pair_bias(p.bias.data, p.bias.s0, p.bias.s1, p.bias.rows, h, crd[a], my_crd, p.window);
+        const float sc = d1 + pair_bias(p.bias.data, p.bias.s0, p.bias.s1, p.bias.rows, h, crd[a], row.crd, p.window);
         const float pr = softmax_exp<T>(sc - lse_s[a - a0]);
         const float ds = pr * (d2 - delta_s[a - a0]);
 #pragma unroll
@@ -426,9 +360,9 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_bwd_dkdv_simt
     __syncthreads();
   }
 
-  if (valid) {
-    seg_io<T>::store(p.dk.row(b, t, h) + j * E, p.vec, dk);
-    seg_io<T>::store(p.dv.row(b, t, h) + j * E, p.vec, dv);
+  if (row.valid) {
+    seg_io<T>::store(p.dk.row(b, row.token, h) + j * E, p.vec, dk);
+    seg_io<T>::store(p.dv.row(b, row.token, h) + j * E, p.vec, dv);
   }
 }
 

@@ -1,17 +1,19 @@
 //! \file fwd_tuning.hpp
-//! Private: how many heads one CTA of the tensor-core forward handles (attention_mma.cuh:
-//! `attention_fwd_mma` for one, `attention_fwd_mma_heads` for several), as host-only arithmetic
-//! tested on the host, plus a hook for tests and benchmarks.
+//! Private: how many heads one CTA of the one-pass tensor-core forward handles
+//! (attention_fwd_mma.cuh: `attention_fwd_mma` for one, `attention_fwd_mma_heads` for several),
+//! as host arithmetic tested on the host, and the forward entry point with that choice explicit.
 #pragma once
 
 #include <cstdint>
+
+#include <greenmim/kernels.h>
 
 namespace greenmim {
 namespace detail {
 namespace cuda {
 
-//! Resident CTAs per SM of the one-head kernel (63 registers x 128 threads: ncu on the H100 run,
-//! "Block Limit Registers 8").
+//! Resident CTAs per SM of the one-head kernel at head_dim 32 (its registers allow 8 of its
+//! 128-thread CTAs; docs/perf/kernel-journal.md).
 constexpr int k_fwd_mma_ctas_per_sm = 8;
 
 //! Heads per CTA: the most of {4, 2} (at most `heads`, and whose shared memory fits: `fits4`,
@@ -32,10 +34,16 @@ inline int fwd_mma_heads_per_cta(std::int64_t groups, std::int64_t heads, std::i
   return 1;
 }
 
-//! Test and benchmark hook: when > 0, the heads per CTA to use instead of the choice above
-//! (capped at the number of heads and at what fits in shared memory; 1 = the one-head kernel).
-//! Process-wide and not synchronized: set it only while no forward is being launched.
-int& fwd_mma_heads_override();
+//! Launch choices of the forward that gm_attention_fwd makes itself.
+struct fwd_tuning {
+  //! Heads per CTA of the one-pass tensor-core forward: 0 = fwd_mma_heads_per_cta's choice; else
+  //! that many, capped at the heads and at what fits in shared memory (1 = the one-head kernel).
+  int heads_per_cta = 0;
+};
+
+//! gm_attention_fwd with explicit launch choices (gm_attention_fwd is this with fwd_tuning{}):
+//! what tests and benchmarks use to compare the choices, with no process-wide state.
+cudaError_t attention_fwd(const gm_attention_fwd_args* args, const fwd_tuning& tuning, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace detail

@@ -1,5 +1,5 @@
 //! \file mma_layout.hpp
-//! Private: the lane -> matrix-coordinate maps of the tensor-core forward (attention_mma.cuh),
+//! Private: the lane -> matrix-coordinate maps of the tensor-core kernels,
 //! as host/device constexpr functions so that a host test (test/gpu/test_mma_layout.cpp) can
 //! drive an emulation of ldmatrix / mma.sync (written from the PTX ISA fragment tables) with
 //! exactly the addressing the kernel uses.
@@ -40,6 +40,13 @@ GREENMIM_HOST_DEVICE constexpr int bk_ld_col(int lane) { return ((lane >> 3) & 1
 //! of dims 8-15.
 GREENMIM_HOST_DEVICE constexpr int bv_ld_row(int lane) { return lane & 15; }
 GREENMIM_HOST_DEVICE constexpr int bv_ld_col(int lane) { return (lane >> 4) * 8; }
+
+//! A operand (16 x 16, rows m, columns k) read with ldmatrix.x4.TRANS from a matrix stored
+//! k-major (smem rows = k, columns = m): registers a0..a3 = (m 0-7, k 0-7), (m 8-15, k 0-7),
+//! (m 0-7, k 8-15), (m 8-15, k 8-15). The backward's P^T and dS^T from [query][key] tiles. The
+//! addresses are those of bk_ld (what differs is .trans).
+GREENMIM_HOST_DEVICE constexpr int at_ld_row(int lane) { return bk_ld_row(lane); }
+GREENMIM_HOST_DEVICE constexpr int at_ld_col(int lane) { return bk_ld_col(lane); }
 
 //! The accumulators of two adjacent 16x8 tiles (keys [16c, 16c+8) and [16c+8, 16c+16)) are the
 //! A fragment of the 16x16 tile of keys [16c, 16c+16): pack(lo, hi) puts `lo` in the low half.

@@ -17,11 +17,6 @@ namespace {
 using namespace gm_test;
 using greenmim::index_t;
 
-struct heads_override {  // restores the automatic choice
-  explicit heads_override(int v) { greenmim::detail::cuda::fwd_mma_heads_override() = v; }
-  ~heads_override() { greenmim::detail::cuda::fwd_mma_heads_override() = 0; }
-};
-
 struct fwd_bytes {
   std::vector<unsigned char> o, lse;
 };
@@ -51,8 +46,9 @@ fwd_bytes run_forward(const problem& prob, const device_partition& dp, gm_dtype 
   a.window = p;
   a.scale = 0.f;
   a.algo = GM_ALGO_MMA;
-  heads_override force(hpc);
-  GM_CHECK_CUDA(gm_attention_fwd(&a, nullptr));
+  greenmim::detail::cuda::fwd_tuning tuning;  // gm_attention_fwd with the heads per CTA forced
+  tuning.heads_per_cta = hpc;
+  GM_CHECK_CUDA(greenmim::detail::cuda::attention_fwd(&a, tuning, nullptr));
   GM_CHECK_CUDA(cudaDeviceSynchronize());
   return {o.download(), lse.download()};
 }

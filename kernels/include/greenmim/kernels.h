@@ -24,6 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernel_limits.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -61,12 +63,8 @@ typedef enum gm_algo GM_ENUM_BASE {
 } gm_algo;
 #undef GM_ENUM_BASE
 
-/*! Largest group size the kernels accept. */
-#define GM_SIMT_MAX_GROUP 1024
-/*! Largest group size of the tensor-core kernels (GM_ALGO_MMA, forward and backward). */
-#define GM_MMA_MAX_GROUP 256
-/*! Largest window p of the relative-position bias table. */
-#define GM_MAX_WINDOW 32
+/* GM_SIMT_MAX_GROUP (largest group), GM_MMA_MAX_GROUP (largest group of the tensor-core
+ * kernels), GM_MAX_WINDOW (largest window of the bias table): kernel_limits.h. */
 
 /*! A strided tensor view of rank <= 4: `extent[i]` and `stride[i]` (in elements) for
  *  i < rank; entries beyond rank are ignored. Inputs are read through `data` (const is the
