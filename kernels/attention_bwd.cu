@@ -183,21 +183,12 @@ template <class T, int D>
 cudaError_t run_bwd(const gm_attention_bwd_args& a, const attn_dims& d, const bwd_layout& ws, bool use_mma,
                     void* workspace, cudaStream_t stream) {
   bwd_params<T> p;
-  p.q = to_rows<const T>(a.q);
-  p.k = to_rows<const T>(a.k);
-  p.v = to_rows<const T>(a.v);
+  set_shared_params<T>(p, a, d);
   p.o = to_rows<const T>(a.o);
   p.d_o = to_rows<const T>(a.d_o);
   p.dq = to_rows<T>(a.dq);
   p.dk = to_rows<T>(a.dk);
   p.dv = to_rows<T>(a.dv);
-  p.lse = to_rows3(a.lse);
-  p.bias = to_table(a.bias_table, d.bias_rows);
-  p.part = to_view(a.part);
-  p.batch = static_cast<int>(d.B);
-  p.heads = static_cast<int>(d.H);
-  p.window = a.window > 0 ? a.window : 1;
-  p.scale = d.scale;
   p.q_tiles = d.q_tiles;
   const std::size_t es = sizeof(T);
   const gm_tensor* all[8] = {&a.q, &a.k, &a.v, &a.o, &a.d_o, &a.dq, &a.dk, &a.dv};
@@ -267,19 +258,17 @@ cudaError_t run_bwd_d(const gm_attention_bwd_args& a, const attn_dims& d, const 
 
 extern "C" cudaError_t gm_attention_bwd_can_implement(const gm_attention_bwd_args* args) {
   using namespace greenmim::detail::cuda;
-  try {
+  return no_throw([&]() -> cudaError_t {
     attn_dims d;
     bwd_layout ws;
     bool use_mma = false;
     return check_bwd(args, d, ws, use_mma);
-  } catch (...) {
-    return cudaErrorUnknown;
-  }
+  });
 }
 
 extern "C" cudaError_t gm_attention_bwd_workspace_size(const gm_attention_bwd_args* args, size_t* bytes) {
   using namespace greenmim::detail::cuda;
-  try {
+  return no_throw([&]() -> cudaError_t {
     clear_refusal();
     GM_REFUSE_IF(bytes == nullptr, "bytes is null");
     attn_dims d;
@@ -288,15 +277,13 @@ extern "C" cudaError_t gm_attention_bwd_workspace_size(const gm_attention_bwd_ar
     GM_TRY(check_bwd(args, d, ws, use_mma));
     *bytes = ws.total();
     return cudaSuccess;
-  } catch (...) {
-    return cudaErrorUnknown;
-  }
+  });
 }
 
 extern "C" cudaError_t gm_attention_bwd(const gm_attention_bwd_args* args, void* workspace, size_t workspace_bytes,
                                         cudaStream_t stream) {
   using namespace greenmim::detail::cuda;
-  try {
+  return no_throw([&]() -> cudaError_t {
     attn_dims d;
     bwd_layout ws;
     bool use_mma = false;
@@ -305,13 +292,9 @@ extern "C" cudaError_t gm_attention_bwd(const gm_attention_bwd_args* args, void*
     GM_REFUSE_IF(workspace_bytes < ws.total(), "workspace smaller than gm_attention_bwd_workspace_size");
     GM_REFUSE_IF(ws.total() > 0 && workspace == nullptr, "workspace is null");
     GM_REFUSE_IF(reinterpret_cast<std::uintptr_t>(workspace) % ws_align != 0, "workspace must be 256-byte aligned");
-    switch (args->dtype) {
-      case GM_FLOAT32: return run_bwd_d<float>(*args, d, ws, false, workspace, stream);
-      case GM_FLOAT16: return run_bwd_d<__half>(*args, d, ws, use_mma, workspace, stream);
-      case GM_BFLOAT16: return run_bwd_d<__nv_bfloat16>(*args, d, ws, use_mma, workspace, stream);
-    }
-    return refuse("dtype");
-  } catch (...) {
-    return cudaErrorUnknown;
-  }
+    return with_element_type(args->dtype, [&](auto t) {
+      using T = typename decltype(t)::type;
+      return run_bwd_d<T>(*args, d, ws, !std::is_same<T, float>::value && use_mma, workspace, stream);
+    });
+  });
 }

@@ -61,17 +61,8 @@ template <class T, int D>
 cudaError_t run_fwd(const gm_attention_fwd_args& a, const attn_dims& d, bool use_mma, const fwd_tuning& tuning,
                     cudaStream_t stream) {
   fwd_params<T> p;
-  p.q = to_rows<const T>(a.q);
-  p.k = to_rows<const T>(a.k);
-  p.v = to_rows<const T>(a.v);
+  set_shared_params<T>(p, a, d);
   p.o = to_rows<T>(a.o);
-  p.lse = to_rows3(a.lse);
-  p.bias = to_table(a.bias_table, d.bias_rows);
-  p.part = to_view(a.part);
-  p.batch = static_cast<int>(d.B);
-  p.heads = static_cast<int>(d.H);
-  p.window = a.window > 0 ? a.window : 1;
-  p.scale = d.scale;
   const std::size_t es = sizeof(T);
   p.vec = rows_aligned16(a.q, es) && rows_aligned16(a.k, es) && rows_aligned16(a.v, es) && rows_aligned16(a.o, es);
   if (use_mma) {
@@ -124,20 +115,16 @@ cudaError_t run_fwd_d(const gm_attention_fwd_args& a, const attn_dims& d, bool u
 }  // namespace
 
 cudaError_t attention_fwd(const gm_attention_fwd_args* args, const fwd_tuning& tuning, cudaStream_t stream) {
-  try {
+  return no_throw([&]() -> cudaError_t {
     attn_dims d;
     bool use_mma = false;
     GM_TRY(check_fwd(args, d, use_mma));
     if (d.B == 0 || d.N == 0 || d.H == 0 || args->part.num_groups == 0) return cudaSuccess;
-    switch (args->dtype) {
-      case GM_FLOAT32: return run_fwd_d<float>(*args, d, false, tuning, stream);
-      case GM_FLOAT16: return run_fwd_d<__half>(*args, d, use_mma, tuning, stream);
-      case GM_BFLOAT16: return run_fwd_d<__nv_bfloat16>(*args, d, use_mma, tuning, stream);
-    }
-    return refuse("dtype");
-  } catch (...) {
-    return cudaErrorUnknown;
-  }
+    return with_element_type(args->dtype, [&](auto t) {
+      using T = typename decltype(t)::type;
+      return run_fwd_d<T>(*args, d, !std::is_same<T, float>::value && use_mma, tuning, stream);
+    });
+  });
 }
 
 }  // namespace cuda
@@ -146,13 +133,11 @@ cudaError_t attention_fwd(const gm_attention_fwd_args* args, const fwd_tuning& t
 
 extern "C" cudaError_t gm_attention_fwd_can_implement(const gm_attention_fwd_args* args) {
   using namespace greenmim::detail::cuda;
-  try {
+  return no_throw([&]() -> cudaError_t {
     attn_dims d;
     bool use_mma = false;
     return check_fwd(args, d, use_mma);
-  } catch (...) {
-    return cudaErrorUnknown;
-  }
+  });
 }
 
 extern "C" cudaError_t gm_attention_fwd(const gm_attention_fwd_args* args, cudaStream_t stream) {

@@ -8,19 +8,11 @@
 //! build_partition). All index math goes through geometry.hpp.
 #include <greenmim/kernels.h>
 
-#if defined(GREENMIM_CUDA_EMULATION)
-#include "cub_emu.hpp"  // kernels/emu: sequential stand-ins for the three CUB algorithms used here
-#else
-#include <cub/device/device_radix_sort.cuh>
-#include <cub/device/device_scan.cuh>
-#include <cub/device/device_select.cuh>
-#include <thrust/iterator/counting_iterator.h>
-#endif
-
 #include <cstdint>
 
 #include <greenmim/geometry.hpp>
 
+#include "detail/cub.cuh"
 #include "detail/host_checks.hpp"
 #include "detail/launch.cuh"
 
@@ -109,7 +101,7 @@ using namespace greenmim::detail::cuda;
 extern "C" cudaError_t gm_select_visible(void* d_temp_storage, size_t* temp_storage_bytes, const uint8_t* d_mask,
                                          int32_t num_masks, int32_t height, int32_t width, int32_t* d_positions,
                                          int32_t* d_num_visible, cudaStream_t stream) {
-  try {
+  return no_throw([&]() -> cudaError_t {
     clear_refusal();
     GM_REFUSE_IF(temp_storage_bytes == nullptr, "temp_storage_bytes is null");
     GM_REFUSE_IF(num_masks < 0, "num_masks must be >= 0");
@@ -130,15 +122,13 @@ extern "C" cudaError_t gm_select_visible(void* d_temp_storage, size_t* temp_stor
     GM_TRY(cub::DeviceSelect::Flagged(d_temp_storage, *temp_storage_bytes, first, d_mask, d_positions, d_num_visible,
                                       total, stream));
     return cudaGetLastError();
-  } catch (...) {
-    return cudaErrorUnknown;
-  }
+  });
 }
 
 extern "C" cudaError_t gm_token_windows(const int32_t* d_positions, const int32_t* d_num_positions, int32_t capacity,
                                         int32_t num_masks, gm_window_geometry geom, int32_t* d_coords,
                                         int32_t* d_token_window, int32_t* d_window_sizes, cudaStream_t stream) {
-  try {
+  return no_throw([&]() -> cudaError_t {
     clear_refusal();
     const greenmim::window_geometry g{geom.height, geom.width, geom.window, geom.shift};
     GM_REFUSE_IF(!g.valid() || g.height > 32767 || g.width > 32767, "invalid window geometry");
@@ -157,9 +147,7 @@ extern "C" cudaError_t gm_token_windows(const int32_t* d_positions, const int32_
     if (capacity == 0) return cudaSuccess;
     return launch(token_windows_kernel, blocks_for(capacity), 256, 0, stream, d_positions, d_num_positions, capacity,
                   num_masks, g, d_coords, d_token_window, d_window_sizes);
-  } catch (...) {
-    return cudaErrorUnknown;
-  }
+  });
 }
 
 extern "C" cudaError_t gm_build_partition(void* d_temp_storage, size_t* temp_storage_bytes, const int32_t* d_coords,
@@ -169,7 +157,7 @@ extern "C" cudaError_t gm_build_partition(void* d_temp_storage, size_t* temp_sto
                                           int32_t group_size, int32_t num_groups, int32_t* d_gather,
                                           int32_t* d_scatter, int32_t* d_slot_window, int32_t* d_slot_coord,
                                           cudaStream_t stream) {
-  try {
+  return no_throw([&]() -> cudaError_t {
     clear_refusal();
     GM_REFUSE_IF(temp_storage_bytes == nullptr, "temp_storage_bytes is null");
     GM_REFUSE_IF(num_tokens < 0 || num_windows < 0 || num_groups < 0, "counts must be >= 0");
@@ -228,7 +216,5 @@ extern "C" cudaError_t gm_build_partition(void* d_temp_storage, size_t* temp_sto
     return launch(place_tokens_kernel, blocks_for(num_tokens), 256, 0, stream, keys_out, vals_out, offsets, d_coords,
                   d_window_group, d_window_slot_offset, num_tokens, num_windows, group_size, num_groups, d_gather,
                   d_scatter, d_slot_window, d_slot_coord);
-  } catch (...) {
-    return cudaErrorUnknown;
-  }
+  });
 }

@@ -1,22 +1,10 @@
 //! \file partition.cu
-//! Partition / unpartition (gather / scatter) of token features, [B, N, C] <-> [B, n_g*G, C].
-//!
-//! Both directions are one row copy: destination row r of sample b takes source row index[r]
-//! (gather for partition, scatter for unpartition) or zeros when that index is out of range
-//! (padding). A team of TPR = 2^k lanes (the smallest power of two covering the row's chunks,
-//! at most 32) copies one row in chunks of the widest width (16, 8, 4 or 2 bytes) that divides
-//! every row start and the row length: 16-byte loads/stores for the usual aligned rows, a
-//! narrower "tail" width for odd feature sizes.
-//!
-//! Bytes in flight: the index of a row is the same for every sample, so a thread reads it once
-//! and then copies its chunk(s) of that row for several samples; each pass first issues all its
-//! loads (up to 8 chunks: K chunks of the row times 8/K samples, held in registers) and only then
-//! the stores, so a thread has up to 8 independent loads outstanding instead of one load, one
-//! store, one load... (a store may alias a later load as far as the compiler knows).
-//! Grid: x = row tiles of 256 threads; y = sample slices of `spt` samples. It is sized to the
-//! device: the fewest samples per thread for which the whole grid fits in one wave of
-//! `k_resident_ctas` CTAs per SM (the __launch_bounds__ guarantee), else 8/K samples per pass
-//! and several passes per thread, balanced so that no slice of CTAs runs a pass alone.
+//! Partition / unpartition (gather / scatter) of token features, [B, N, C] <-> [B, n_g*G, C]:
+//! one row copy, destination row r takes source row index[r] or zeros (padding). A team of 2^k
+//! lanes copies a row in the widest chunks (16, 8, 4, 2 bytes) dividing every row start and the
+//! row length. A thread reads a row's index once and copies its chunks of that row for several
+//! samples, issuing a pass's loads (up to 8 in registers) before its stores. The grid
+//! (copy_grid.hpp) fits one wave of k_resident_ctas CTAs per SM where it can.
 #include <greenmim/kernels.h>
 
 #include <cstdint>
@@ -168,28 +156,19 @@ cudaError_t run_copy(const gm_partition_args* a, bool unpartition, cudaStream_t 
 }  // namespace detail
 }  // namespace greenmim
 
+using namespace greenmim::detail::cuda;
+
 extern "C" cudaError_t gm_partition_can_implement(const gm_partition_args* args) {
-  try {
-    using namespace greenmim::detail::cuda;
+  return no_throw([&]() -> cudaError_t {
     GM_TRY(check_partition_args(args, false));
     return check_partition_args(args, true);
-  } catch (...) {
-    return cudaErrorUnknown;
-  }
+  });
 }
 
 extern "C" cudaError_t gm_partition_tokens(const gm_partition_args* args, cudaStream_t stream) {
-  try {
-    return greenmim::detail::cuda::run_copy(args, false, stream);
-  } catch (...) {
-    return cudaErrorUnknown;
-  }
+  return no_throw([&] { return run_copy(args, false, stream); });
 }
 
 extern "C" cudaError_t gm_unpartition_tokens(const gm_partition_args* args, cudaStream_t stream) {
-  try {
-    return greenmim::detail::cuda::run_copy(args, true, stream);
-  } catch (...) {
-    return cudaErrorUnknown;
-  }
+  return no_throw([&] { return run_copy(args, true, stream); });
 }

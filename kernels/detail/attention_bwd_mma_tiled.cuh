@@ -30,6 +30,28 @@ namespace greenmim {
 namespace detail {
 namespace cuda {
 
+//! The shared memory of both kernels (mma_tile::smem_bwd_tiled): four 16-bit row tiles, the
+//! group's slot ids and coordinates, lse and delta of the staged query tile, the head's bias
+//! column, an fp32 P / dS tile (LDF), then (kernel 1, with d(bias)) one table row per warp.
+template <class T, int D>
+struct bwd_tiled_smem {
+  T* tile[4];
+  index_t *win, *crd;
+  float *lse, *delta, *bias, *pf, *wbuf;
+  __device__ __forceinline__ bwd_tiled_smem(float4* smem, int bias_rows) {
+    using C = mma_tile<D>;
+    tile[0] = reinterpret_cast<T*>(smem);
+    for (int i = 1; i < 4; ++i) tile[i] = tile[i - 1] + C::ROWS * C::LDS;
+    win = reinterpret_cast<index_t*>(tile[3] + C::ROWS * C::LDS);
+    crd = win + C::MAXG;
+    lse = reinterpret_cast<float*>(crd + C::MAXG);
+    delta = lse + C::ROWS;
+    bias = delta + C::ROWS;
+    pf = bias + bias_rows;
+    wbuf = pf + C::ROWS * C::LDF;
+  }
+};
+
 // =================================================================================================
 // Kernel 1 (query-major): delta -> workspace, dq, per-CTA d(bias) partial
 // =================================================================================================
@@ -41,18 +63,13 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS) attention_bwd_dq_mma_til
   constexpr int LDS = C::LDS, LDF = C::LDF, CH = C::CH, ROWS = C::ROWS;
   constexpr int DT = D / 8;
   GM_DYNAMIC_SMEM(smem_f4);
-  T* qs = reinterpret_cast<T*>(smem_f4);
-  T* dos = qs + ROWS * LDS;
-  T* ks = dos + ROWS * LDS;
-  T* vs = ks + ROWS * LDS;
-  index_t* win = reinterpret_cast<index_t*>(vs + ROWS * LDS);
-  index_t* crd = win + C::MAXG;
-  float* lse_s = reinterpret_cast<float*>(crd + C::MAXG);
-  float* delta_s = lse_s + ROWS;
-  float* bias_s = delta_s + ROWS;
   const int rows = p.bias.rows;
-  float* dsf = bias_s + rows;        // [ROWS][LDF] fp32 dS of the current key tile
-  float* wbuf = dsf + ROWS * LDF;    // [WARPS][rows] with d(bias)
+  const bwd_tiled_smem<T, D> sm(smem_f4, rows);
+  T *qs = sm.tile[0], *dos = sm.tile[1], *ks = sm.tile[2], *vs = sm.tile[3];
+  index_t *win = sm.win, *crd = sm.crd;
+  float *lse_s = sm.lse, *delta_s = sm.delta, *bias_s = sm.bias;
+  float* dsf = sm.pf;     // [ROWS][LDF] fp32 dS of the current key tile
+  float* wbuf = sm.wbuf;  // [WARPS][rows] with d(bias)
   __shared__ int range[2];
 
   const int G = p.part.group_size;
@@ -187,17 +204,12 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS) attention_bwd_dkdv_mma_t
   constexpr int LDS = C::LDS, LDF = C::LDF, ROWS = C::ROWS;
   constexpr int DT = D / 8;
   GM_DYNAMIC_SMEM(smem_f4);
-  T* ks = reinterpret_cast<T*>(smem_f4);
-  T* vs = ks + ROWS * LDS;
-  T* qs = vs + ROWS * LDS;
-  T* dos = qs + ROWS * LDS;
-  index_t* win = reinterpret_cast<index_t*>(dos + ROWS * LDS);
-  index_t* crd = win + C::MAXG;
-  float* lse_s = reinterpret_cast<float*>(crd + C::MAXG);
-  float* delta_s = lse_s + ROWS;
-  float* bias_s = delta_s + ROWS;
   const int rows = p.bias.rows;
-  float* pf = bias_s + rows;  // [ROWS keys][LDF] fp32 P^T or dS^T of a half tile (exact path)
+  const bwd_tiled_smem<T, D> sm(smem_f4, rows);
+  T *ks = sm.tile[0], *vs = sm.tile[1], *qs = sm.tile[2], *dos = sm.tile[3];
+  index_t *win = sm.win, *crd = sm.crd;
+  float *lse_s = sm.lse, *delta_s = sm.delta, *bias_s = sm.bias;
+  float* pf = sm.pf;  // [ROWS keys][LDF] fp32 P^T or dS^T of a half tile (exact path)
   __shared__ int range[2];
 
   const int G = p.part.group_size;

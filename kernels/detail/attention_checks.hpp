@@ -109,6 +109,22 @@ inline table2f to_table(const gm_tensor& t, int rows) {
   return r;
 }
 
+//! The kernel parameters the forward and backward share (fwd_params / bwd_params of element type
+//! T), from their C arguments `a` and the checked problem `d`.
+template <class T, class Params, class Args>
+void set_shared_params(Params& p, const Args& a, const attn_dims& d) {
+  p.q = to_rows<const T>(a.q);
+  p.k = to_rows<const T>(a.k);
+  p.v = to_rows<const T>(a.v);
+  p.lse = to_rows3(a.lse);
+  p.bias = to_table(a.bias_table, d.bias_rows);
+  p.part = to_view(a.part);
+  p.batch = static_cast<int>(d.B);
+  p.heads = static_cast<int>(d.H);
+  p.window = a.window > 0 ? a.window : 1;
+  p.scale = d.scale;
+}
+
 }  // namespace cuda
 }  // namespace detail
 }  // namespace greenmim

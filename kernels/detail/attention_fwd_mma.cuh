@@ -22,6 +22,22 @@ namespace greenmim {
 namespace detail {
 namespace cuda {
 
+//! The one-pass row softmax and O = P V of one warp: from the masked scores `s` and the lane's
+//! parts of their row maxima (ma, mb), the row maxima (quad max), P = exp(S - max) in place, the
+//! row sums la, lb (quad sum) and O (KT 16-key chunks in use).
+template <class T, int D, int LDS>
+__device__ __forceinline__ void softmax_pv(float (&s)[8][4], float& ma, float& mb, float& la, float& lb,
+                                           float (&o)[D / 8][4], const T* vs, int lane, int KT) {
+  ma = quad_max(ma);
+  mb = quad_max(mb);
+  la = lb = 0.f;  // a padding row has base 0: every p is exp(-inf) = 0
+  exp_scores<T>(s, softmax_base(ma), softmax_base(mb), la, lb);
+  la = quad_sum(la);
+  lb = quad_sum(lb);
+  zero_acc(o);
+  mma_pv<T, D / 8, LDS>(o, s, vs, lane, KT);
+}
+
 template <class T, int D>
 __global__ void __launch_bounds__(mma_tile<D>::THREADS) attention_fwd_mma(const fwd_params<T> p) {
   using C = mma_tile<D>;
@@ -65,16 +81,8 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS) attention_fwd_mma(const 
   float ma, mb;
   mask_scores(s, ma, mb, win, crd, 0, ROWS, wa, wb, crd[ra], crd[rb], bias_s, p.bias.data != nullptr, p.bias.rows,
               p.scale, p.window, lane);
-  ma = quad_max(ma);
-  mb = quad_max(mb);
-  float la = 0.f, lb = 0.f;  // a padding row has base 0: every p is exp(-inf) = 0
-  exp_scores<T>(s, softmax_base(ma), softmax_base(mb), la, lb);
-  la = quad_sum(la);
-  lb = quad_sum(lb);
-
-  float o[DT][4];
-  zero_acc(o);
-  mma_pv<T, DT, LDS>(o, s, vs, lane, (G + 15) / 16);
+  float la, lb, o[DT][4];
+  softmax_pv<T, D, LDS>(s, ma, mb, la, lb, o, vs, lane, (G + 15) / 16);
   write_fwd_rows<T, D, LDS>(
       p, qs, o, ma, mb, la, lb, [&](index_t& x, index_t& y) { x = wa, y = wb; }, win, gather, r0, lane, b, h);
 }
@@ -179,16 +187,8 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS, fwd_heads_min_ctas())
         mb = fmaxf(mb, vb);
       }
     }
-    ma = quad_max(ma);
-    mb = quad_max(mb);
-    float la = 0.f, lb = 0.f;
-    exp_scores<T>(s, softmax_base(ma), softmax_base(mb), la, lb);
-    la = quad_sum(la);
-    lb = quad_sum(lb);
-
-    float o[DT][4];
-    zero_acc(o);
-    mma_pv<T, DT, LDS>(o, s, vs, lane, (G + 15) / 16);
+    float la, lb, o[DT][4];
+    softmax_pv<T, D, LDS>(s, ma, mb, la, lb, o, vs, lane, (G + 15) / 16);
     write_fwd_rows<T, D, LDS>(
         p, qs, o, ma, mb, la, lb, [&](index_t& x, index_t& y) { x = win[ra], y = win[rb]; }, win, gather, r0, lane, b,
         h);

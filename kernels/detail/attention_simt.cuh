@@ -97,6 +97,30 @@ __device__ __forceinline__ void simt_stage_pair(float* xs, float* ys, const rows
   }
 }
 
+//! The tile walk every SIMT kernel makes over the other operand: the rows [lo, hi) of x and y are
+//! staged TILE at a time (simt_stage_pair), and for each slot s that some lane of the warp
+//! attends (the warp's range, warp-uniform: team shuffles stay convergent),
+//! body(s, i, x_row, y_row, att) runs with s's index i in the staged tile, the thread's part of
+//! the staged rows and whether its own row attends s. Barriers before and after each tile.
+template <class T, int D, bool ScaleX, class PerRow, class Body>
+__device__ __forceinline__ void simt_walk(float* xs, float* ys, const rows4<const T>& x, const rows4<const T>& y,
+                                          float x_mul, const index_t* gather, const index_t* win, const simt_row& row,
+                                          int lo, int hi, int b, int h, bool vec, PerRow per_row, Body body) {
+  using C = simt_tile<D>;
+  for (int t0 = lo; t0 < hi; t0 += C::TILE) {
+    const int n = min(C::TILE, hi - t0);
+    simt_stage_pair<T, D, ScaleX>(xs, ys, x, y, x_mul, gather, win, t0, n, b, h, vec, per_row);
+    __syncthreads();
+    for (int s = max(row.lo, t0), se = min(row.hi, t0 + n); s < se; ++s) {
+      const bool att = row.valid && attends(row.win, win[s]);
+      if (!__any_sync(full_mask, att)) continue;  // no lane of the warp attends the slot
+      const int off = (s - t0) * C::LD + row.j * C::E;
+      body(s, s - t0, xs + off, ys + off, att);
+    }
+    __syncthreads();
+  }
+}
+
 //! Two dot products at once (interleaved fused multiply-adds), each summed over the team.
 template <int Team, int E>
 __device__ __forceinline__ void team_dot2(const float (&x1)[E], const float (&y1)[E], const float (&x2)[E],
@@ -155,30 +179,22 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_fwd_simt(cons
     for (int e = 0; e < E; ++e) q[e] *= p.scale;
   }
   float m = -INFINITY, l = 0.f;
-  __syncthreads();
-  const int klo = cta_range[0], khi = cta_range[1];
+  __syncthreads();  // cta_range
 
-  for (int k0 = klo; k0 < khi; k0 += TILE) {
-    const int kn = min(TILE, khi - k0);
-    simt_stage_pair<T, D, false>(ks, vs, p.k, p.v, 1.f, gather, win, k0, kn, b, h, p.vec, [](int, int, index_t) {});
-    __syncthreads();
-    for (int x = max(row.lo, k0), xb = min(row.hi, k0 + kn); x < xb; ++x) {
-      const bool att = row.valid && attends(row.win, win[x]);
-      if (!__any_sync(full_mask, att)) continue;  // no lane of the warp attends the slot
-      float kr[E];
-      smem_load16(ks + (x - k0) * LD + j * E, kr);
-      const float d = team_dot<TEAM>(q, kr);
-      if (att) {
-        const float sc = d + pair_bias(p.bias.data, p.bias.s0, p.bias.s1, p.bias.rows, h, row.crd, crd[x], p.window);
-        const float pr = online_softmax_add<T>(sc, m, l, acc);
-        float vr[E];
-        smem_load16(vs + (x - k0) * LD + j * E, vr);
+  simt_walk<T, D, false>(ks, vs, p.k, p.v, 1.f, gather, win, row, cta_range[0], cta_range[1], b, h, p.vec,
+                         [](int, int, index_t) {}, [&](int x, int, const float* k_row, const float* v_row, bool att) {
+    float kr[E];
+    smem_load16(k_row, kr);
+    const float d = team_dot<TEAM>(q, kr);
+    if (att) {
+      const float sc = d + pair_bias(p.bias.data, p.bias.s0, p.bias.s1, p.bias.rows, h, row.crd, crd[x], p.window);
+      const float pr = online_softmax_add<T>(sc, m, l, acc);
+      float vr[E];
+      smem_load16(v_row, vr);
 #pragma unroll
-        for (int e = 0; e < E; ++e) acc[e] = fmaf(pr, vr[e], acc[e]);
-      }
+      for (int e = 0; e < E; ++e) acc[e] = fmaf(pr, vr[e], acc[e]);
     }
-    __syncthreads();
-  }
+  });
 
   if (row.valid) {
     const float inv = 1.f / l;
@@ -240,19 +256,18 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_bwd_dq_simt(c
   }
   delta_a = team_sum<TEAM>(delta_a);
   if (row.valid && j == 0) p.delta[(static_cast<std::int64_t>(b) * p.heads + h) * slots + base + row.slot] = delta_a;
-  __syncthreads();
-  const int klo = cta_range[0], khi = cta_range[1];
-
-  for (int k0 = klo; k0 < khi; k0 += TILE) {
-    const int kn = min(TILE, khi - k0);
-    simt_stage_pair<T, D, false>(ks, vs, p.k, p.v, 1.f, gather, win, k0, kn, b, h, p.vec, [](int, int, index_t) {});
+  __syncthreads();  // cta_range
+  // simt_walk's loop written out: with the walk's lambda ptxas takes 1-2 more registers here
+  for (int t0 = cta_range[0], hi = cta_range[1]; t0 < hi; t0 += TILE) {
+    const int n = min(TILE, hi - t0);
+    simt_stage_pair<T, D, false>(ks, vs, p.k, p.v, 1.f, gather, win, t0, n, b, h, p.vec, [](int, int, index_t) {});
     __syncthreads();
-    for (int x = max(row.lo, k0), xb = min(row.hi, k0 + kn); x < xb; ++x) {
+    for (int x = max(row.lo, t0), se = min(row.hi, t0 + n); x < se; ++x) {
       const bool att = row.valid && attends(row.win, win[x]);
-      if (!__any_sync(full_mask, att)) continue;  // no lane of the warp attends the slot
+      if (!__any_sync(full_mask, att)) continue;
       float kr[E], vr[E];
-      smem_load16(ks + (x - k0) * LD + j * E, kr);
-      smem_load16(vs + (x - k0) * LD + j * E, vr);
+      smem_load16(ks + (x - t0) * LD + j * E, kr);
+      smem_load16(vs + (x - t0) * LD + j * E, vr);
       float d1, d2;
       team_dot2<TEAM>(q, kr, dout, vr, d1, d2);
       if (att) {
@@ -268,7 +283,7 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_bwd_dq_simt(c
         for (int e = 0; e < E; ++e) dq[e] = fmaf(ds, kr[e], dq[e]);
         if (want_dbias && j == 0 && bucket >= 0) wbuf[warp * rows + bucket] += ds;
       }
-      __syncwarp();  // orders this iteration's wbuf updates before the next iteration's
+      __syncwarp();  // orders this slot's wbuf updates before the next slot's
     }
     __syncthreads();
   }
@@ -327,38 +342,29 @@ __global__ void __launch_bounds__(simt_tile<D>::THREADS) attention_bwd_dkdv_simt
     seg_io<T>::load(p.k.row(b, row.token, h) + j * E, p.vec, k);
     seg_io<T>::load(p.v.row(b, row.token, h) + j * E, p.vec, v);
   }
-  __syncthreads();
-  const int alo = cta_range[0], ahi = cta_range[1];
-
-  for (int a0 = alo; a0 < ahi; a0 += TILE) {
-    const int an = min(TILE, ahi - a0);
-    simt_stage_pair<T, D, true>(qs, dos, p.q, p.d_o, p.scale, gather, win, a0, an, b, h, p.vec,
-                                [&](int i, int a, index_t ta) {
-                                  lse_s[i] = *p.lse.at(b, ta, h);
-                                  delta_s[i] = delta[a];
-                                });
-    __syncthreads();
-    for (int a = max(row.lo, a0), xb = min(row.hi, a0 + an); a < xb; ++a) {
-      const bool att = row.valid && attends(row.win, win[a]);
-      if (!__any_sync(full_mask, att)) continue;  // no lane of the warp attends the slot
-      float qr[E], dr[E];
-      smem_load16(qs + (a - a0) * LD + j * E, qr);
-      smem_load16(dos + (a - a0) * LD + j * E, dr);
-      float d1, d2;
-      team_dot2<TEAM>(qr, k, dr, v, d1, d2);
-      if (att) {
-        const float sc = d1 + pair_bias(p.bias.data, p.bias.s0, p.bias.s1, p.bias.rows, h, crd[a], row.crd, p.window);
-        const float pr = softmax_exp<T>(sc - lse_s[a - a0]);
-        const float ds = pr * (d2 - delta_s[a - a0]);
+  __syncthreads();  // cta_range
+  simt_walk<T, D, true>(qs, dos, p.q, p.d_o, p.scale, gather, win, row, cta_range[0], cta_range[1], b, h, p.vec,
+                        [&](int i, int a, index_t ta) {
+                          lse_s[i] = *p.lse.at(b, ta, h);
+                          delta_s[i] = delta[a];
+                        },
+                        [&](int a, int i, const float* q_row, const float* do_row, bool att) {
+    float qr[E], dr[E];
+    smem_load16(q_row, qr);
+    smem_load16(do_row, dr);
+    float d1, d2;
+    team_dot2<TEAM>(qr, k, dr, v, d1, d2);
+    if (att) {
+      const float sc = d1 + pair_bias(p.bias.data, p.bias.s0, p.bias.s1, p.bias.rows, h, crd[a], row.crd, p.window);
+      const float pr = softmax_exp<T>(sc - lse_s[i]);
+      const float ds = pr * (d2 - delta_s[i]);
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-          dv[e] = fmaf(pr, dr[e], dv[e]);
-          dk[e] = fmaf(ds, qr[e], dk[e]);  // qr holds scale * q: dk = scale * sum ds q
-        }
+      for (int e = 0; e < E; ++e) {
+        dv[e] = fmaf(pr, dr[e], dv[e]);
+        dk[e] = fmaf(ds, qr[e], dk[e]);  // qr holds scale * q: dk = scale * sum ds q
       }
     }
-    __syncthreads();
-  }
+  });
 
   if (row.valid) {
     seg_io<T>::store(p.dk.row(b, row.token, h) + j * E, p.vec, dk);

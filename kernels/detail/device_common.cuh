@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include <greenmim/config.hpp>
 #include <greenmim/geometry.hpp>
@@ -46,23 +47,22 @@ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-//! The 16-bit element types: the packed pair type, its float2 conversions, and the exponent
-//! mask of one element (all ones: Inf or NaN).
+//! The 16-bit element types (__half, __nv_bfloat16): the packed pair type, its float2
+//! conversions, and the exponent mask of one element (all ones: Inf or NaN).
 template <class T>
-struct elem16;
-template <>
-struct elem16<__half> {
-  using pair = __half2;
-  static constexpr unsigned exp_mask = 0x7c00u;
-  __device__ __forceinline__ static float2 to_floats(pair v) { return __half22float2(v); }
-  __device__ __forceinline__ static pair from_floats(float lo, float hi) { return __floats2half2_rn(lo, hi); }
-};
-template <>
-struct elem16<__nv_bfloat16> {
-  using pair = __nv_bfloat162;
-  static constexpr unsigned exp_mask = 0x7f80u;
-  __device__ __forceinline__ static float2 to_floats(pair v) { return __bfloat1622float2(v); }
-  __device__ __forceinline__ static pair from_floats(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+struct elem16 {
+  static constexpr bool is_half = std::is_same<T, __half>::value;
+  static_assert(is_half || std::is_same<T, __nv_bfloat16>::value, "fp16 or bf16");
+  using pair = typename std::conditional<is_half, __half2, __nv_bfloat162>::type;
+  static constexpr unsigned exp_mask = is_half ? 0x7c00u : 0x7f80u;
+  __device__ __forceinline__ static float2 to_floats(pair v) {
+    if constexpr (is_half) return __half22float2(v);
+    else return __bfloat1622float2(v);
+  }
+  __device__ __forceinline__ static pair from_floats(float lo, float hi) {
+    if constexpr (is_half) return __floats2half2_rn(lo, hi);
+    else return __floats2bfloat162_rn(lo, hi);
+  }
 };
 
 // ---- 16-element row segments ------------------------------------------------------------------

@@ -34,6 +34,16 @@ void clear_refusal() noexcept;
     if (gm_err_ != cudaSuccess) return gm_err_; \
   } while (0)
 
+//! f() with every exception turned into cudaErrorUnknown: nothing throws across the C ABI.
+template <class F>
+cudaError_t no_throw(F&& f) noexcept {
+  try {
+    return f();
+  } catch (...) {
+    return cudaErrorUnknown;
+  }
+}
+
 inline bool valid_dtype(gm_dtype d) { return d == GM_FLOAT32 || d == GM_FLOAT16 || d == GM_BFLOAT16; }
 inline std::size_t dtype_bytes(gm_dtype d) {
   switch (d) {
@@ -45,7 +55,7 @@ inline std::size_t dtype_bytes(gm_dtype d) {
 }
 
 //! Product of the extents; extents are caller data (any int64), so a product beyond 9e18
-//! saturates to the int64 maximum instead of overflowing (UB; found by test/fuzz/fuzz_abi.cpp).
+//! saturates to the int64 maximum instead of overflowing (UB).
 inline std::int64_t numel(const gm_tensor& t) {
   for (int i = 0; i < t.rank && i < 4; ++i)
     if (t.extent[i] == 0) return 0;
@@ -60,14 +70,13 @@ inline std::int64_t numel(const gm_tensor& t) {
 }
 
 //! a * b for non-negative a, b, saturating at int64's maximum (extents are caller data: a plain
-//! product can overflow; found by test/fuzz/fuzz_abi_conv.cpp).
+//! product can overflow).
 inline std::int64_t mul_sat(std::int64_t a, std::int64_t b) {
   constexpr std::int64_t max = 0x7fffffffffffffff;
   return a != 0 && b > max / a ? max : a * b;
 }
 
-//! A bare int32 / float array pointer is element-aligned (a misaligned one faults on the device;
-//! found by test/fuzz/fuzz_abi_index.cpp and fuzz_abi_conv.cpp).
+//! A bare int32 / float array pointer is element-aligned (a misaligned one faults on the device).
 inline bool aligned4(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 4 == 0; }
 
 //! No two index tuples address the same element (sorted by stride, each stride spans the

@@ -1,12 +1,15 @@
 //! \file launch.cuh
 //! Private: the one place kernels are launched. `launch(kernel, grid, block, smem, stream, args...)`
 //! is a triple-chevron launch under nvcc; under GREENMIM_CUDA_EMULATION (the host build of the
-//! kernel sources used by test/emu, see docs/kernels.md "CPU emulation") it runs the kernel on
+//! kernel sources, kernels/emu, see docs/kernels.md "CPU emulation") it runs the kernel on
 //! the emulator instead. Returns the launch's error (cudaGetLastError), so call sites read
-//! `GM_TRY(launch(...))`.
+//! `GM_TRY(launch(...))`. Also the entry points' dispatch on the element type.
 #pragma once
 
+#include <greenmim/kernels.h>
+
 #include "device_common.cuh"
+#include "host_checks.hpp"
 
 namespace greenmim {
 namespace detail {
@@ -21,6 +24,22 @@ inline cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, std:
   kernel<<<grid, block, smem, stream>>>(static_cast<Params>(args)...);
   return cudaGetLastError();
 #endif
+}
+
+//! f(type_tag<T>{}) for the element type T of `dtype` (float, __half, __nv_bfloat16); an
+//! invalid dtype is refused.
+template <class T>
+struct type_tag {
+  using type = T;
+};
+template <class F>
+cudaError_t with_element_type(gm_dtype dtype, F&& f) {
+  switch (dtype) {
+    case GM_FLOAT32: return f(type_tag<float>{});
+    case GM_FLOAT16: return f(type_tag<__half>{});
+    case GM_BFLOAT16: return f(type_tag<__nv_bfloat16>{});
+  }
+  return refuse("dtype");
 }
 
 }  // namespace cuda

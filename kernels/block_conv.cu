@@ -1,0 +1,315 @@
+//! \file block_conv.cu
+//! The kernel = stride block conv on visible tokens (Twins' GSA sub-sampling, patch embedding),
+//! forward and backward, as gather + GEMM (docs/sparse-conv.md; block tables from
+//! include/greenmim/sparse_conv.hpp). One tiled SIMT GEMM kernel serves the three products
+//! (64 x 64 x 16 tiles of fp32 in shared memory, 4 x 4 outputs per thread; no cuBLAS: the A
+//! operand is a gather of whole blocks and dx a scatter, which a GEMM library cannot fuse):
+//! - forward  Y[b*N_next + n, o] = sum_k A[., k] W'[o, k] + bias[o], A[n, p*C_in + c] =
+//!   x[b, gather[n*s*s + p], c], W'[o, p*C_in + c] = weight[o, c, p] (PyTorch's layout, read in
+//!   place);
+//! - dx: zeroed, then dA = dY W' scattered to x's rows through the table (each input in at most
+//!   one block: plain stores);
+//! - dweight = dY^T A, one thread per output summing all rows in order (no split-K: deterministic);
+//!   dbias: one thread per channel, rows in order.
+//! Table entries outside [0, N) read as zero / are skipped (never an out-of-bounds access).
+#include <greenmim/kernels.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include <greenmim/sparse_conv.hpp>
+
+#include "detail/device_common.cuh"
+#include "detail/host_checks.hpp"
+#include "detail/launch.cuh"
+
+namespace greenmim {
+namespace detail {
+namespace cuda {
+namespace {
+
+constexpr int k_red_threads = 256;  // row-wise kernels (zero_rows, block_dbias)
+
+// ---- block conv: one tiled SIMT GEMM, operands through accessors --------------------------------------
+constexpr int k_bm = 64, k_bn = 64, k_bk = 16, k_gemm_threads = 256;
+
+struct block_geom {
+  const index_t* gather = nullptr;  // [n_next, P]
+  int batch = 0, tokens = 0, n_next = 0, P = 0, cin = 0, cout = 0;
+  const float* w = nullptr;         // [C_out, C_in, s, s]
+  // x's row of (b, n, p) or -1 (out-of-range table entry)
+  __device__ __forceinline__ index_t token(int n, int p) const {
+    const index_t t = __ldg(gather + static_cast<std::int64_t>(n) * P + p);
+    return static_cast<unsigned>(t) < static_cast<unsigned>(tokens) ? t : pad_index;
+  }
+  // W'[o, k] with k = p * C_in + c
+  __device__ __forceinline__ float wprime(int o, int k) const {
+    return __ldg(w + (static_cast<std::int64_t>(o) * cin + k % cin) * P + k / cin);
+  }
+};
+
+//! Forward: rows m = b * n_next + n, columns o, reduction k = p * C_in + c.
+template <class T>
+struct bc_fwd_op {
+  block_geom g;
+  const T* x = nullptr;
+  T* y = nullptr;
+  const float* bias = nullptr;
+  std::int64_t x_s0 = 0, x_s1 = 0, y_s0 = 0, y_s1 = 0;
+  int M = 0, N = 0, K = 0;
+  __device__ __forceinline__ float a(int m, int k) const {
+    const index_t t = g.token(m % g.n_next, k / g.cin);
+    return t == pad_index ? 0.f : to_float(__ldg(x + (m / g.n_next) * x_s0 + t * x_s1 + k % g.cin));
+  }
+  __device__ __forceinline__ float b(int k, int o) const { return g.wprime(o, k); }
+  __device__ __forceinline__ void store(int m, int o, float v) const {
+    y[(m / g.n_next) * y_s0 + (m % g.n_next) * y_s1 + o] = from_float<T>(v + (bias ? __ldg(bias + o) : 0.f));
+  }
+};
+
+//! dx: rows m = b * n_next + n, columns j = p * C_in + c, reduction o; scattered to x's rows.
+template <class T>
+struct bc_dx_op {
+  block_geom g;
+  const T* dy = nullptr;
+  T* dx = nullptr;
+  std::int64_t dy_s0 = 0, dy_s1 = 0, dx_s0 = 0, dx_s1 = 0;
+  int M = 0, N = 0, K = 0;
+  __device__ __forceinline__ float a(int m, int o) const {
+    return to_float(__ldg(dy + (m / g.n_next) * dy_s0 + (m % g.n_next) * dy_s1 + o));
+  }
+  __device__ __forceinline__ float b(int o, int j) const { return g.wprime(o, j); }
+  __device__ __forceinline__ void store(int m, int j, float v) const {
+    const index_t t = g.token(m % g.n_next, j / g.cin);
+    if (t != pad_index) dx[(m / g.n_next) * dx_s0 + t * dx_s1 + j % g.cin] = from_float<T>(v);
+  }
+};
+
+//! dweight: rows o, columns j = p * C_in + c, reduction m = b * n_next + n (all rows, in order).
+template <class T>
+struct bc_dw_op {
+  block_geom g;
+  const T* x = nullptr;
+  const T* dy = nullptr;
+  float* dw = nullptr;
+  std::int64_t x_s0 = 0, x_s1 = 0, dy_s0 = 0, dy_s1 = 0;
+  int M = 0, N = 0, K = 0;
+  __device__ __forceinline__ float a(int o, int m) const {
+    return to_float(__ldg(dy + (m / g.n_next) * dy_s0 + (m % g.n_next) * dy_s1 + o));
+  }
+  __device__ __forceinline__ float b(int m, int j) const {
+    const index_t t = g.token(m % g.n_next, j / g.cin);
+    return t == pad_index ? 0.f : to_float(__ldg(x + (m / g.n_next) * x_s0 + t * x_s1 + j % g.cin));
+  }
+  __device__ __forceinline__ void store(int o, int j, float v) const {
+    dw[(static_cast<std::int64_t>(o) * g.cin + j % g.cin) * g.P + j / g.cin] = v;
+  }
+};
+
+//! C[M, N] = A[M, K] B[K, N] through op.a / op.b / op.store; fp32 in shared memory, each thread
+//! 4 x 4 outputs, k ascending (a fixed order: deterministic).
+template <class Op>
+__global__ void __launch_bounds__(k_gemm_threads) gather_gemm(const Op op) {
+  __shared__ float As[k_bk][k_bm + 4];
+  __shared__ float Bs[k_bk][k_bn + 4];
+  const int m0 = static_cast<int>(blockIdx.y) * k_bm, n0 = static_cast<int>(blockIdx.x) * k_bn;
+  const int tx = static_cast<int>(threadIdx.x) % 16, ty = static_cast<int>(threadIdx.x) / 16;
+  float acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+  for (int k0 = 0; k0 < op.K; k0 += k_bk) {
+    for (int i = static_cast<int>(threadIdx.x); i < k_bm * k_bk; i += k_gemm_threads) {
+      const int r = i / k_bk, kk = i % k_bk;
+      As[kk][r] = (m0 + r < op.M && k0 + kk < op.K) ? op.a(m0 + r, k0 + kk) : 0.f;
+    }
+    for (int i = static_cast<int>(threadIdx.x); i < k_bk * k_bn; i += k_gemm_threads) {
+      const int kk = i / k_bn, c = i % k_bn;
+      Bs[kk][c] = (k0 + kk < op.K && n0 + c < op.N) ? op.b(k0 + kk, n0 + c) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < k_bk; ++kk) {
+      float av[4], bv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) av[i] = As[kk][ty * 4 + i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) bv[j] = Bs[kk][tx * 4 + j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = m0 + ty * 4 + i, c = n0 + tx * 4 + j;
+      if (r < op.M && c < op.N) op.store(r, c, acc[i][j]);
+    }
+}
+
+//! Zeroes rows of a [B, N, C] tensor (dx before the scatter).
+template <class T>
+__global__ void __launch_bounds__(k_red_threads) zero_rows(T* p, std::int64_t s0, std::int64_t s1, int batch,
+                                                          int tokens, int channels) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t per = static_cast<std::int64_t>(tokens) * channels;
+  if (i >= per * batch) return;
+  const std::int64_t b = i / per, r = i % per;
+  p[b * s0 + (r / channels) * s1 + r % channels] = from_float<T>(0.f);
+}
+
+//! dbias[o] = sum over rows of dy, rows in order.
+template <class T>
+__global__ void __launch_bounds__(k_red_threads) block_dbias(const T* dy, std::int64_t s0, std::int64_t s1,
+                                                            int batch, int rows, int cout, float* dbias) {
+  const int o = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (o >= cout) return;
+  float s = 0.f;
+  for (int b = 0; b < batch; ++b)
+    for (int n = 0; n < rows; ++n) s += to_float(__ldg(dy + b * s0 + n * s1 + o));
+  dbias[o] = s;
+}
+
+cudaError_t check_block_args(const gm_block_conv_args* a, bool backward) {
+  clear_refusal();
+  GM_REFUSE_IF(a == nullptr, "args is null");
+  GM_REFUSE_IF(!valid_dtype(a->dtype), "dtype must be GM_FLOAT32, GM_FLOAT16 or GM_BFLOAT16");
+  GM_REFUSE_IF(a->stride < 1 || a->stride > 64, "stride must be in [1, 64]");
+  GM_REFUSE_IF(a->x.rank != 3, "x must have rank 3");
+  const gm_tensor& out = backward ? a->dy : a->y;
+  GM_REFUSE_IF(out.rank != 3, backward ? "dy must have rank 3" : "y must have rank 3");
+  const std::int64_t B = a->x.extent[0], N = a->x.extent[1], Ci = a->x.extent[2];
+  const std::int64_t Nn = out.extent[1], Co = out.extent[2], P = static_cast<std::int64_t>(a->stride) * a->stride;
+  GM_REFUSE_IF(B < 0 || N < 0 || Ci < 0 || Nn < 0 || Co < 0, "negative extent");
+  GM_REFUSE_IF(B > 0x7fffffff || N > 0x7fffffff || Nn > 0x7fffffff || mul_sat(B, Nn) > 0x7fffffff ||
+                   mul_sat(mul_sat(B, N), Ci) > 0x7fffffff || mul_sat(P, Ci) > 0x7fffffff || Co > 0x7fffffff,
+               "extents too large for int32 GEMM indices");
+  GM_REFUSE_IF((B * Nn + k_bm - 1) / k_bm > 65535 || (Co + k_bm - 1) / k_bm > 65535, "too many rows for the grid");
+  const std::size_t es = dtype_bytes(a->dtype);
+  const std::int64_t xe[3] = {B, N, Ci}, oe[3] = {B, Nn, Co};
+  GM_TRY(check_tensor(a->x, 3, xe, es, true, false, "x must be [B, N, C_in], element-aligned, unit last stride"));
+  GM_REFUSE_IF(Nn > 0 && a->gather == nullptr, "gather is null");
+  GM_REFUSE_IF(Co > 0 && Ci > 0 && a->weight == nullptr, "weight is null");
+  GM_REFUSE_IF(!aligned4(a->gather) || !aligned4(a->weight), "gather and weight must be 4-byte aligned");
+  GM_REFUSE_IF(backward ? !aligned4(a->dweight) || !aligned4(a->dbias) : !aligned4(a->bias),
+               backward ? "dweight and dbias must be 4-byte aligned" : "bias must be 4-byte aligned");
+  if (!backward) {
+    GM_TRY(check_tensor(a->y, 3, oe, es, true, true,
+                        "y must be [B, N_next, C_out], element-aligned, unit last stride, injective"));
+    GM_REFUSE_IF(overlap(a->x, es, a->y, es), "x and y overlap");
+  } else {
+    GM_TRY(check_tensor(a->dy, 3, oe, es, true, false, "dy must be [B, N_next, C_out], element-aligned, unit last stride"));
+    GM_TRY(check_tensor(a->dx, 3, xe, es, true, true, "dx must be [B, N, C_in], element-aligned, unit last stride, injective"));
+    GM_REFUSE_IF(overlap(a->x, es, a->dx, es) || overlap(a->dy, es, a->dx, es), "dx overlaps x or dy");
+  }
+  return cudaSuccess;
+}
+
+template <class Op>
+cudaError_t launch_gemm(const Op& op, cudaStream_t stream) {
+  if (op.M == 0 || op.N == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>((op.N + k_bn - 1) / k_bn), static_cast<unsigned>((op.M + k_bm - 1) / k_bm));
+  return launch(gather_gemm<Op>, grid, k_gemm_threads, 0, stream, op);
+}
+
+block_geom make_geom(const gm_block_conv_args* a, const gm_tensor& out) {
+  block_geom g;
+  g.gather = a->gather;
+  g.batch = static_cast<int>(a->x.extent[0]);
+  g.tokens = static_cast<int>(a->x.extent[1]);
+  g.cin = static_cast<int>(a->x.extent[2]);
+  g.n_next = static_cast<int>(out.extent[1]);
+  g.cout = static_cast<int>(out.extent[2]);
+  g.P = a->stride * a->stride;
+  g.w = a->weight;
+  return g;
+}
+
+template <class T>
+cudaError_t run_block_fwd(const gm_block_conv_args* a, cudaStream_t stream) {
+  bc_fwd_op<T> op;
+  op.g = make_geom(a, a->y);
+  op.x = static_cast<const T*>(a->x.data);
+  op.y = static_cast<T*>(a->y.data);
+  op.bias = a->bias;
+  op.x_s0 = a->x.stride[0]; op.x_s1 = a->x.stride[1];
+  op.y_s0 = a->y.stride[0]; op.y_s1 = a->y.stride[1];
+  op.M = op.g.batch * op.g.n_next;
+  op.N = op.g.cout;
+  op.K = op.g.P * op.g.cin;
+  return launch_gemm(op, stream);
+}
+
+template <class T>
+cudaError_t run_block_bwd(const gm_block_conv_args* a, cudaStream_t stream) {
+  const block_geom g = make_geom(a, a->dy);
+  const T* dy = static_cast<const T*>(a->dy.data);
+  const std::int64_t xs = static_cast<std::int64_t>(g.batch) * g.tokens * g.cin;
+  if (xs > 0)
+    GM_TRY(launch(zero_rows<T>, dim3(static_cast<unsigned>((xs + k_red_threads - 1) / k_red_threads)), k_red_threads, 0,
+                  stream, static_cast<T*>(a->dx.data), a->dx.stride[0], a->dx.stride[1], g.batch, g.tokens, g.cin));
+  bc_dx_op<T> dx;
+  dx.g = g;
+  dx.dy = dy;
+  dx.dx = static_cast<T*>(a->dx.data);
+  dx.dy_s0 = a->dy.stride[0]; dx.dy_s1 = a->dy.stride[1];
+  dx.dx_s0 = a->dx.stride[0]; dx.dx_s1 = a->dx.stride[1];
+  dx.M = g.batch * g.n_next;
+  dx.N = g.P * g.cin;
+  dx.K = g.cout;
+  GM_TRY(launch_gemm(dx, stream));
+  if (a->dweight) {
+    bc_dw_op<T> dw;
+    dw.g = g;
+    dw.x = static_cast<const T*>(a->x.data);
+    dw.dy = dy;
+    dw.dw = a->dweight;
+    dw.x_s0 = a->x.stride[0]; dw.x_s1 = a->x.stride[1];
+    dw.dy_s0 = a->dy.stride[0]; dw.dy_s1 = a->dy.stride[1];
+    dw.M = g.cout;
+    dw.N = g.P * g.cin;
+    dw.K = g.batch * g.n_next;
+    if (dw.K == 0 && dw.M > 0 && dw.N > 0)
+      GM_TRY(cudaMemsetAsync(a->dweight, 0, static_cast<std::size_t>(dw.M) * dw.N * sizeof(float), stream));
+    else
+      GM_TRY(launch_gemm(dw, stream));
+  }
+  if (a->dbias && g.cout > 0)
+    GM_TRY(launch(block_dbias<T>, dim3(static_cast<unsigned>((g.cout + k_red_threads - 1) / k_red_threads)),
+                  k_red_threads, 0, stream, dy, a->dy.stride[0], a->dy.stride[1], g.batch, g.n_next, g.cout, a->dbias));
+  return cudaSuccess;
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace detail
+}  // namespace greenmim
+
+using namespace greenmim::detail::cuda;
+
+extern "C" cudaError_t gm_block_conv_fwd_can_implement(const gm_block_conv_args* args) {
+  return no_throw([&] { return check_block_args(args, false); });
+}
+
+extern "C" cudaError_t gm_block_conv_fwd(const gm_block_conv_args* args, cudaStream_t stream) {
+  return no_throw([&]() -> cudaError_t {
+    GM_TRY(check_block_args(args, false));
+    return with_element_type(args->dtype, [&](auto t) { return run_block_fwd<typename decltype(t)::type>(args, stream); });
+  });
+}
+
+extern "C" cudaError_t gm_block_conv_bwd_can_implement(const gm_block_conv_args* args) {
+  return no_throw([&] { return check_block_args(args, true); });
+}
+
+extern "C" cudaError_t gm_block_conv_bwd(const gm_block_conv_args* args, cudaStream_t stream) {
+  return no_throw([&]() -> cudaError_t {
+    GM_TRY(check_block_args(args, true));
+    return with_element_type(args->dtype, [&](auto t) { return run_block_bwd<typename decltype(t)::type>(args, stream); });
+  });
+}

@@ -1,0 +1,350 @@
+//! \file depthwise_conv.cu
+//! The depthwise 3x3 submanifold conv of Twins' PEG on visible tokens, forward and backward
+//! (docs/sparse-conv.md; neighbour tables from include/greenmim/sparse_conv.hpp, built on the
+//! host). fp32/fp16/bf16 features, fp32 weights and accumulation.
+//! - forward and dx: one thread per (token, V channels), V = 8 (16-byte vectors, C % 8 == 0 and
+//!   16-byte aligned rows) or 1; grid.y walks the batch. dx gathers through the mirrored offsets
+//!   of the forward table (no scatter, no atomics): dx[s] = sum_o w[o] dy[nbr[s, 8 - o]] (+ dy[s]).
+//! - dweight and dbias, deterministic: the token axis is cut into fixed tiles of k_dw_tile tokens;
+//!   one thread sums its (9 + 1) x V products of one tile over the batch in a fixed order into
+//!   per-tile partials, which a second kernel sums in ascending tile order (no float atomics).
+//! Table entries outside [0, N) read as zero (never an out-of-bounds access).
+#include <greenmim/kernels.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include <greenmim/sparse_conv.hpp>
+
+#include "detail/device_common.cuh"
+#include "detail/host_checks.hpp"
+#include "detail/launch.cuh"
+
+namespace greenmim {
+namespace detail {
+namespace cuda {
+namespace {
+
+constexpr int k_taps = 9;          // 3 x 3
+constexpr int k_dw_threads = 256;
+constexpr int k_dw_tile = 32;      // tokens per dweight partial: fixed, so results never depend on the launch
+constexpr int k_red_threads = 256;
+
+// ---- V-element row access ----------------------------------------------------------------------
+template <class T, int V>
+struct row_io {  // V = 1 (and the generic case): element accesses
+  __device__ __forceinline__ static void load(const T* p, float (&x)[V]) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) x[i] = to_float(__ldg(p + i));
+  }
+  __device__ __forceinline__ static void store(T* p, const float (&x)[V]) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) p[i] = from_float<T>(x[i]);
+  }
+};
+
+template <>
+struct row_io<float, 8> {
+  __device__ __forceinline__ static void load(const float* p, float (&x)[8]) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+  }
+  __device__ __forceinline__ static void store(float* p, const float (&x)[8]) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(x[0], x[1], x[2], x[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(x[4], x[5], x[6], x[7]);
+  }
+};
+
+template <class T>
+struct row_io16 {  // 8 x 2-byte elements in one 16-byte access
+  __device__ __forceinline__ static void load(const T* p, float (&x)[8]) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    T e[8];
+    std::memcpy(e, &v, sizeof v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = to_float(e[i]);
+  }
+  __device__ __forceinline__ static void store(T* p, const float (&x)[8]) {
+    T e[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) e[i] = from_float<T>(x[i]);
+    uint4 v;
+    std::memcpy(&v, e, sizeof v);
+    *reinterpret_cast<uint4*>(p) = v;
+  }
+};
+template <>
+struct row_io<__half, 8> : row_io16<__half> {};
+template <>
+struct row_io<__nv_bfloat16, 8> : row_io16<__nv_bfloat16> {};
+
+// ---- depthwise 3x3 submanifold conv ----------------------------------------------------------------
+struct dw_params {
+  const void* in = nullptr;   // forward: x; dx: dy
+  const void* res = nullptr;  // residual source (x or dy), null = no residual
+  void* out = nullptr;        // y or dx
+  std::int64_t in_s0 = 0, in_s1 = 0, out_s0 = 0, out_s1 = 0;  // elements
+  const index_t* nbr = nullptr;
+  const float* w = nullptr;
+  const float* bias = nullptr;
+  int batch = 0, tokens = 0, channels = 0;
+  int mirrored = 0;  // 1: dx (read the table at mirrored offsets)
+};
+
+template <class T, int V>
+__global__ void __launch_bounds__(k_dw_threads) dw_apply(const dw_params p) {
+  const int groups = p.channels / V;
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<std::int64_t>(p.tokens) * groups) return;
+  const int t = static_cast<int>(i / groups), c0 = static_cast<int>(i % groups) * V;
+  const T* in = static_cast<const T*>(p.in);
+  const T* res = static_cast<const T*>(p.res);
+  T* out = static_cast<T*>(p.out);
+  index_t src[k_taps];
+  float w[k_taps][V];
+#pragma unroll
+  for (int o = 0; o < k_taps; ++o) {
+    const index_t s = __ldg(p.nbr + static_cast<std::int64_t>(t) * k_taps + (p.mirrored ? mirror_offset(3, o) : o));
+    src[o] = static_cast<unsigned>(s) < static_cast<unsigned>(p.tokens) ? s : pad_index;
+#pragma unroll
+    for (int v = 0; v < V; ++v) w[o][v] = __ldg(p.w + static_cast<std::int64_t>(c0 + v) * k_taps + o);
+  }
+  for (int b = static_cast<int>(blockIdx.y); b < p.batch; b += static_cast<int>(gridDim.y)) {
+    float acc[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] = p.bias ? __ldg(p.bias + c0 + v) : 0.f;
+    if (res) {
+      float r[V];
+      row_io<T, V>::load(res + b * p.in_s0 + t * p.in_s1 + c0, r);
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] += r[v];
+    }
+#pragma unroll
+    for (int o = 0; o < k_taps; ++o) {
+      if (src[o] == pad_index) continue;
+      float x[V];
+      row_io<T, V>::load(in + b * p.in_s0 + src[o] * p.in_s1 + c0, x);
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] = fmaf(w[o][v], x[v], acc[v]);
+    }
+    row_io<T, V>::store(out + b * p.out_s0 + t * p.out_s1 + c0, acc);
+  }
+}
+
+struct dw_grad_params {
+  const void* x = nullptr;
+  const void* dy = nullptr;
+  std::int64_t x_s0 = 0, x_s1 = 0, dy_s0 = 0, dy_s1 = 0;
+  const index_t* nbr = nullptr;
+  float* partial = nullptr;  // [tiles, C, 10]
+  int batch = 0, tokens = 0, channels = 0;
+};
+
+//! Per-tile partials of dweight (taps 0..8) and dbias (slot 9).
+template <class T, int V>
+__global__ void __launch_bounds__(k_dw_threads) dw_grad_partial(const dw_grad_params p) {
+  const int g = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= p.channels / V) return;
+  const int c0 = g * V, tile = static_cast<int>(blockIdx.y);
+  const int t0 = tile * k_dw_tile, t1 = t0 + k_dw_tile < p.tokens ? t0 + k_dw_tile : p.tokens;
+  const T* x = static_cast<const T*>(p.x);
+  const T* dy = static_cast<const T*>(p.dy);
+  float acc[k_taps + 1][V];
+#pragma unroll
+  for (int o = 0; o <= k_taps; ++o)
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[o][v] = 0.f;
+  for (int b = 0; b < p.batch; ++b)
+    for (int t = t0; t < t1; ++t) {
+      float d[V];
+      row_io<T, V>::load(dy + b * p.dy_s0 + t * p.dy_s1 + c0, d);
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[k_taps][v] += d[v];
+#pragma unroll
+      for (int o = 0; o < k_taps; ++o) {
+        const index_t s = __ldg(p.nbr + static_cast<std::int64_t>(t) * k_taps + o);
+        if (static_cast<unsigned>(s) >= static_cast<unsigned>(p.tokens)) continue;
+        float xv[V];
+        row_io<T, V>::load(x + b * p.x_s0 + s * p.x_s1 + c0, xv);
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[o][v] = fmaf(d[v], xv[v], acc[o][v]);
+      }
+    }
+  float* out = p.partial + (static_cast<std::int64_t>(tile) * p.channels + c0) * (k_taps + 1);
+#pragma unroll
+  for (int v = 0; v < V; ++v)
+#pragma unroll
+    for (int o = 0; o <= k_taps; ++o) out[v * (k_taps + 1) + o] = acc[o][v];
+}
+
+//! dweight[c, o] / dbias[c] = the tiles' partials summed in ascending tile order.
+__global__ void __launch_bounds__(k_red_threads) dw_grad_reduce(const float* partial, int tiles, int channels,
+                                                               float* dweight, float* dbias) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<std::int64_t>(channels) * (k_taps + 1)) return;
+  float s = 0.f;
+  for (int tile = 0; tile < tiles; ++tile) s += partial[static_cast<std::int64_t>(tile) * channels * (k_taps + 1) + i];
+  const int c = static_cast<int>(i / (k_taps + 1)), o = static_cast<int>(i % (k_taps + 1));
+  if (o < k_taps) {
+    if (dweight) dweight[static_cast<std::int64_t>(c) * k_taps + o] = s;
+  } else if (dbias) {
+    dbias[c] = s;
+  }
+}
+
+cudaError_t check_dw_args(const gm_depthwise_conv_args* a, bool backward) {
+  clear_refusal();
+  GM_REFUSE_IF(a == nullptr, "args is null");
+  GM_REFUSE_IF(!valid_dtype(a->dtype), "dtype must be GM_FLOAT32, GM_FLOAT16 or GM_BFLOAT16");
+  GM_REFUSE_IF(a->kernel != 3, "kernel must be 3 (the kernels implement PEG's 3x3; the CPU reference takes any odd k)");
+  GM_REFUSE_IF(a->x.rank != 3, "x must have rank 3");
+  const std::int64_t B = a->x.extent[0], N = a->x.extent[1], C = a->x.extent[2];
+  GM_REFUSE_IF(B < 0 || N < 0 || C < 0, "negative extent");
+  GM_REFUSE_IF(N > 0x7fffffff / k_taps || C > 0x7fffffff / (k_taps + 1) || B > 0x7fffffff, "extents too large");
+  const std::size_t es = dtype_bytes(a->dtype);
+  const std::int64_t e[3] = {B, N, C};
+  GM_TRY(check_tensor(a->x, 3, e, es, true, false, "x must be [B, N, C], element-aligned, unit last stride"));
+  GM_REFUSE_IF(N > 0 && a->nbr == nullptr, "nbr is null");
+  GM_REFUSE_IF(C > 0 && a->weight == nullptr, "weight is null");
+  GM_REFUSE_IF(!aligned4(a->nbr) || !aligned4(a->weight), "nbr and weight must be 4-byte aligned");
+  GM_REFUSE_IF(backward ? !aligned4(a->dweight) || !aligned4(a->dbias) : !aligned4(a->bias),
+               backward ? "dweight and dbias must be 4-byte aligned" : "bias must be 4-byte aligned");
+  if (!backward) {
+    GM_TRY(check_tensor(a->y, 3, e, es, true, true, "y must be [B, N, C], element-aligned, unit last stride, injective"));
+    GM_REFUSE_IF(overlap(a->x, es, a->y, es), "x and y overlap");
+  } else {
+    GM_TRY(check_tensor(a->dy, 3, e, es, true, false, "dy must be [B, N, C], element-aligned, unit last stride"));
+    GM_TRY(check_tensor(a->dx, 3, e, es, true, true, "dx must be [B, N, C], element-aligned, unit last stride, injective"));
+    GM_REFUSE_IF(overlap(a->x, es, a->dx, es) || overlap(a->dy, es, a->dx, es), "dx overlaps x or dy");
+    GM_REFUSE_IF((N + k_dw_tile - 1) / k_dw_tile > 65535, "too many tokens for the dweight tiles (N > 2,097,120)");
+  }
+  return cudaSuccess;
+}
+
+std::size_t dw_workspace_bytes(const gm_depthwise_conv_args* a) {
+  if (a->dweight == nullptr && a->dbias == nullptr) return 0;
+  const std::int64_t N = a->x.extent[1], C = a->x.extent[2];
+  const std::int64_t tiles = (N + k_dw_tile - 1) / k_dw_tile;
+  return static_cast<std::size_t>(tiles * C * (k_taps + 1)) * sizeof(float);
+}
+
+bool dw_vectorizable(const gm_depthwise_conv_args* a, bool backward) {
+  const std::size_t es = dtype_bytes(a->dtype);
+  if (a->x.extent[2] % 8 != 0) return false;
+  if (!backward) return rows_aligned16(a->x, es) && rows_aligned16(a->y, es);
+  return rows_aligned16(a->x, es) && rows_aligned16(a->dy, es) && rows_aligned16(a->dx, es);
+}
+
+template <class T, int V>
+cudaError_t launch_dw_apply(const dw_params& p, cudaStream_t stream) {
+  const std::int64_t threads = static_cast<std::int64_t>(p.tokens) * (p.channels / V);
+  const dim3 grid(static_cast<unsigned>((threads + k_dw_threads - 1) / k_dw_threads),
+                  static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535));
+  return launch(dw_apply<T, V>, grid, k_dw_threads, 0, stream, p);
+}
+
+template <class T>
+cudaError_t run_dw_fwd(const gm_depthwise_conv_args* a, cudaStream_t stream) {
+  dw_params p;
+  p.in = a->x.data;
+  p.res = a->residual ? a->x.data : nullptr;
+  p.out = a->y.data;
+  p.in_s0 = a->x.stride[0]; p.in_s1 = a->x.stride[1];
+  p.out_s0 = a->y.stride[0]; p.out_s1 = a->y.stride[1];
+  p.nbr = a->nbr;
+  p.w = a->weight;
+  p.bias = a->bias;
+  p.batch = static_cast<int>(a->x.extent[0]);
+  p.tokens = static_cast<int>(a->x.extent[1]);
+  p.channels = static_cast<int>(a->x.extent[2]);
+  if (p.batch == 0 || p.tokens == 0 || p.channels == 0) return cudaSuccess;
+  return dw_vectorizable(a, false) ? launch_dw_apply<T, 8>(p, stream) : launch_dw_apply<T, 1>(p, stream);
+}
+
+template <class T>
+cudaError_t run_dw_bwd(const gm_depthwise_conv_args* a, void* workspace, cudaStream_t stream) {
+  const int B = static_cast<int>(a->x.extent[0]), N = static_cast<int>(a->x.extent[1]), C = static_cast<int>(a->x.extent[2]);
+  const bool vec = dw_vectorizable(a, true);
+  if (C > 0 && (a->dweight || a->dbias) && (B == 0 || N == 0)) {  // empty batch: zero gradients
+    if (a->dweight) GM_TRY(cudaMemsetAsync(a->dweight, 0, static_cast<std::size_t>(C) * k_taps * sizeof(float), stream));
+    if (a->dbias) GM_TRY(cudaMemsetAsync(a->dbias, 0, static_cast<std::size_t>(C) * sizeof(float), stream));
+  }
+  if (B == 0 || N == 0 || C == 0) return cudaSuccess;
+  dw_params p;
+  p.in = a->dy.data;
+  p.res = a->residual ? a->dy.data : nullptr;
+  p.out = a->dx.data;
+  p.in_s0 = a->dy.stride[0]; p.in_s1 = a->dy.stride[1];
+  p.out_s0 = a->dx.stride[0]; p.out_s1 = a->dx.stride[1];
+  p.nbr = a->nbr;
+  p.w = a->weight;
+  p.batch = B;
+  p.tokens = N;
+  p.channels = C;
+  p.mirrored = 1;
+  GM_TRY((vec ? launch_dw_apply<T, 8>(p, stream) : launch_dw_apply<T, 1>(p, stream)));
+  if (!a->dweight && !a->dbias) return cudaSuccess;
+  dw_grad_params g;
+  g.x = a->x.data;
+  g.dy = a->dy.data;
+  g.x_s0 = a->x.stride[0]; g.x_s1 = a->x.stride[1];
+  g.dy_s0 = a->dy.stride[0]; g.dy_s1 = a->dy.stride[1];
+  g.nbr = a->nbr;
+  g.partial = static_cast<float*>(workspace);
+  g.batch = B;
+  g.tokens = N;
+  g.channels = C;
+  const int tiles = (N + k_dw_tile - 1) / k_dw_tile;
+  const int groups = vec ? C / 8 : C;
+  const dim3 grid(static_cast<unsigned>((groups + k_dw_threads - 1) / k_dw_threads), static_cast<unsigned>(tiles));
+  if (vec)
+    GM_TRY((launch(dw_grad_partial<T, 8>, grid, k_dw_threads, 0, stream, g)));
+  else
+    GM_TRY((launch(dw_grad_partial<T, 1>, grid, k_dw_threads, 0, stream, g)));
+  const std::int64_t outs = static_cast<std::int64_t>(C) * (k_taps + 1);
+  return launch(dw_grad_reduce, dim3(static_cast<unsigned>((outs + k_red_threads - 1) / k_red_threads)), k_red_threads,
+                0, stream, static_cast<const float*>(workspace), tiles, C, a->dweight, a->dbias);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace detail
+}  // namespace greenmim
+
+using namespace greenmim::detail::cuda;
+
+extern "C" cudaError_t gm_depthwise_conv_fwd_can_implement(const gm_depthwise_conv_args* args) {
+  return no_throw([&] { return check_dw_args(args, false); });
+}
+
+extern "C" cudaError_t gm_depthwise_conv_fwd(const gm_depthwise_conv_args* args, cudaStream_t stream) {
+  return no_throw([&]() -> cudaError_t {
+    GM_TRY(check_dw_args(args, false));
+    return with_element_type(args->dtype, [&](auto t) { return run_dw_fwd<typename decltype(t)::type>(args, stream); });
+  });
+}
+
+extern "C" cudaError_t gm_depthwise_conv_bwd_can_implement(const gm_depthwise_conv_args* args) {
+  return no_throw([&] { return check_dw_args(args, true); });
+}
+
+extern "C" cudaError_t gm_depthwise_conv_bwd_workspace_size(const gm_depthwise_conv_args* args, size_t* bytes) {
+  return no_throw([&]() -> cudaError_t {
+    GM_TRY(check_dw_args(args, true));
+    GM_REFUSE_IF(bytes == nullptr, "bytes is null");
+    *bytes = dw_workspace_bytes(args);
+    return cudaSuccess;
+  });
+}
+
+extern "C" cudaError_t gm_depthwise_conv_bwd(const gm_depthwise_conv_args* args, void* workspace,
+                                             size_t workspace_bytes, cudaStream_t stream) {
+  return no_throw([&]() -> cudaError_t {
+    GM_TRY(check_dw_args(args, true));
+    const std::size_t need = dw_workspace_bytes(args);
+    GM_REFUSE_IF(workspace_bytes < need, "workspace too small (gm_depthwise_conv_bwd_workspace_size)");
+    GM_REFUSE_IF(need > 0 && (workspace == nullptr || reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0),
+                 "workspace must be non-null and 16-byte aligned");
+    return with_element_type(args->dtype, [&](auto t) { return run_dw_bwd<typename decltype(t)::type>(args, workspace, stream); });
+  });
+}
