@@ -198,6 +198,21 @@ typedef struct gmh_attention_args {
 int gmh_attention_fwd(const gmh_attention_args* args);
 int gmh_attention_bwd(const gmh_attention_args* args);
 
+/* ---- The ABI's struct layouts (abi_layout.cpp) ------------------------------------------------ */
+
+/*! One entry of the layout table: struct `name`, and either the struct itself (`field` NULL,
+ *  offset 0, size = sizeof) or its member `field` at byte `offset`, `size` bytes. */
+typedef struct gmh_abi_entry {
+  const char* name;
+  const char* field;
+  size_t offset;
+  size_t size;
+} gmh_abi_entry;
+
+/*! Every struct of this header as the library was compiled: *count entries, each struct's own
+ *  entry followed by its fields'. The Python package checks its ctypes copies against it. */
+const gmh_abi_entry* gmh_abi_layout(size_t* count);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

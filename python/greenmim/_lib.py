@@ -14,8 +14,8 @@ import ctypes
 import os
 import pathlib
 import threading
-from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int32, c_int64, c_size_t, c_uint8, c_void_p
-from typing import Optional
+from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_int32, c_int64, c_size_t, c_void_p
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -24,42 +24,110 @@ class GreenmimError(RuntimeError):
     """A call into greenmim was refused; the message is the library's own reason."""
 
 
-# ---- struct layouts (must match the C headers) -------------------------------------------------
+# ---- struct layouts, checked against the libraries' own tables (gm_abi_layout, gmh_abi_layout) ---
 
+_ABI_STRUCTS: Dict[str, type] = {}  # C struct name -> its ctypes class
+
+
+def abi_struct(*c_names: str):
+    """Class decorator: the ctypes class declares the C structs ``c_names`` (``gm_*`` of
+    kernels.h, ``gmh_*`` of greenmim_host.h). Each library's layout table is checked against
+    every class declared for it when the library is loaded: a new struct is this one line."""
+    def register(cls):
+        for n in c_names:
+            _ABI_STRUCTS[n] = cls
+        return cls
+    return register
+
+
+class _AbiEntry(ctypes.Structure):
+    """gm_abi_entry / gmh_abi_entry: struct `name`, and its `field` (NULL: the struct itself)."""
+    _fields_ = [("name", c_char_p), ("field", c_char_p), ("offset", c_size_t), ("size", c_size_t)]
+
+
+def _layout_table(lib: ctypes.CDLL, fn: str) -> Dict[str, Tuple[int, Dict[str, Tuple[int, int]]]]:
+    """A library's layout table: struct -> (sizeof, {field: (offset, size)})."""
+    f = getattr(lib, fn)
+    f.restype, f.argtypes = POINTER(_AbiEntry), [POINTER(c_size_t)]
+    n = c_size_t()
+    entries = f(ctypes.byref(n))
+    table: Dict[str, Tuple[int, Dict[str, Tuple[int, int]]]] = {}
+    for i in range(n.value):
+        e = entries[i]
+        name = e.name.decode()
+        if e.field is None:
+            table[name] = (e.size, {})
+        else:
+            table[name][1][e.field.decode()] = (e.offset, e.size)
+    return table
+
+
+def check_layouts(table, prefix: str, what: str, structs: Optional[Dict[str, type]] = None) -> None:
+    """Refuses (GreenmimError naming the struct and the field) any ctypes class registered for a
+    struct named ``prefix*`` whose fields, offsets, sizes or total size differ from ``table``."""
+    structs = _ABI_STRUCTS if structs is None else structs
+    for cname, cls in sorted(structs.items()):
+        if not cname.startswith(prefix):
+            continue
+        where = f"greenmim: {what} and greenmim/_lib.py disagree on struct {cname} ({cls.__name__})"
+        if cname not in table:
+            raise GreenmimError(f"{where}: the library has no such struct; rebuild it")
+        size, fields = table[cname]
+        ours = {f: (getattr(cls, f).offset, getattr(cls, f).size) for f, *_ in cls._fields_}
+        for f, (off, sz) in fields.items():
+            if f not in ours:
+                raise GreenmimError(f"{where}: field {f} (offset {off}, {sz} bytes) is missing in Python")
+            if ours[f] != (off, sz):
+                raise GreenmimError(f"{where}: field {f} is at offset {off}, {sz} bytes in C, "
+                                    f"offset {ours[f][0]}, {ours[f][1]} bytes in Python")
+        for f in ours:
+            if f not in fields:
+                raise GreenmimError(f"{where}: field {f} is not in the C struct")
+        if ctypes.sizeof(cls) != size:
+            raise GreenmimError(f"{where}: {size} bytes in C, {ctypes.sizeof(cls)} in Python")
+
+
+@abi_struct("gm_tensor", "gmh_tensor")
 class Tensor(ctypes.Structure):
     """gm_tensor / gmh_tensor: data, rank, extents and strides in elements (rank <= 4)."""
     _fields_ = [("data", c_void_p), ("rank", c_int32), ("extent", c_int64 * 4), ("stride", c_int64 * 4)]
 
 
+@abi_struct("gm_partition", "gmh_partition")
 class Partition(ctypes.Structure):
     """gm_partition / gmh_partition."""
     _fields_ = [("gather", c_void_p), ("scatter", c_void_p), ("slot_window", c_void_p), ("slot_coord", c_void_p),
                 ("group_size", c_int32), ("num_groups", c_int32), ("num_tokens", c_int32)]
 
 
+@abi_struct("gm_window_geometry")
 class WindowGeometry(ctypes.Structure):
     """gm_window_geometry (passed by value)."""
     _fields_ = [("height", c_int32), ("width", c_int32), ("window", c_int32), ("shift", c_int32)]
 
 
+@abi_struct("gmh_stage_args")
 class StageArgs(ctypes.Structure):
     _fields_ = [("visible", c_void_p), ("num_masks", c_int32), ("height", c_int32), ("width", c_int32),
                 ("window", c_int32), ("shift", c_int32), ("strategy", c_int32), ("group_size", c_int32),
                 ("channels", c_int32), ("max_group_size", c_int32)]
 
 
+@abi_struct("gmh_stage_info")
 class StageInfo(ctypes.Structure):
     _fields_ = [("group_size", c_int32), ("num_groups", c_int32), ("num_tokens", c_int32), ("num_windows", c_int32),
                 ("window", c_int32), ("shift", c_int32), ("budget_exhausted", c_int32),
                 ("cost", c_double), ("lower_bound", c_double), ("plan_us", c_double)]
 
 
+@abi_struct("gmh_attention_args")
 class HostAttentionArgs(ctypes.Structure):
     _fields_ = [("dtype", c_int32)] + [(n, Tensor) for n in
                                        ("q", "k", "v", "o", "lse", "d_o", "dq", "dk", "dv", "bias_table", "d_bias_table")] + \
                [("part", Partition), ("window", c_int32), ("scale", c_double)]
 
 
+@abi_struct("gm_attention_fwd_args")
 class FwdArgs(ctypes.Structure):
     """gm_attention_fwd_args."""
     _fields_ = [("dtype", c_int32), ("q", Tensor), ("k", Tensor), ("v", Tensor), ("o", Tensor), ("lse", Tensor),
@@ -67,6 +135,7 @@ class FwdArgs(ctypes.Structure):
                 ("algo", c_int32)]
 
 
+@abi_struct("gm_attention_bwd_args")
 class BwdArgs(ctypes.Structure):
     """gm_attention_bwd_args."""
     _fields_ = [("dtype", c_int32)] + [(n, Tensor) for n in
@@ -74,16 +143,19 @@ class BwdArgs(ctypes.Structure):
                [("part", Partition), ("window", c_int32), ("scale", c_float), ("algo", c_int32)]
 
 
+@abi_struct("gm_partition_args")
 class PartitionArgs(ctypes.Structure):
     """gm_partition_args."""
     _fields_ = [("dtype", c_int32), ("x", Tensor), ("y", Tensor), ("part", Partition)]
 
 
+@abi_struct("gmh_range")
 class Range(ctypes.Structure):
     """gmh_range: int32 entries [offset, offset + size) of an encoder plan's arena."""
     _fields_ = [("offset", c_int64), ("size", c_int64)]
 
 
+@abi_struct("gmh_plan_partition")
 class PlanPartition(ctypes.Structure):
     """gmh_plan_partition."""
     _fields_ = [("group_size", c_int32), ("num_groups", c_int32), ("num_windows", c_int32), ("window", c_int32),
@@ -92,6 +164,7 @@ class PlanPartition(ctypes.Structure):
                                           ("gather", "scatter", "slot_window", "slot_coord")]
 
 
+@abi_struct("gmh_plan_stage")
 class PlanStage(ctypes.Structure):
     """gmh_plan_stage."""
     _fields_ = [("height", c_int32), ("width", c_int32), ("num_tokens", c_int32), ("reserved", c_int32),
@@ -101,6 +174,7 @@ class PlanStage(ctypes.Structure):
 GMH_MAX_STAGES = 8
 
 
+@abi_struct("gmh_encoder_args")
 class EncoderArgs(ctypes.Structure):
     """gmh_encoder_args."""
     _fields_ = [("visible", c_void_p)] + [(n, c_int32) for n in (
@@ -108,6 +182,7 @@ class EncoderArgs(ctypes.Structure):
         "strategy", "group_size", "max_group_size")]
 
 
+@abi_struct("gmh_encoder_info")
 class EncoderInfo(ctypes.Structure):
     """gmh_encoder_info."""
     _fields_ = [("num_stages", c_int32), ("num_masks", c_int32), ("arena_size", c_int64), ("build_us", c_double),
@@ -122,6 +197,11 @@ _KERNELS_ABI_VERSION = 1
 _HOST_ABI_VERSION = 3
 
 
+# An empty tensor may have no storage (data_ptr() 0), but a null data pointer means "absent" to
+# the C ABIs (no lse, no bias): its view points here instead, at 16 real bytes nobody reads.
+_EMPTY = (ctypes.c_longlong * 2)()
+
+
 def tensor(t: Optional[torch.Tensor]) -> Tensor:
     """A view of ``t`` for the C ABI (a null view for None). Strides are torch's, in elements."""
     v = Tensor()
@@ -129,7 +209,7 @@ def tensor(t: Optional[torch.Tensor]) -> Tensor:
         return v
     if t.dim() > 4:
         raise GreenmimError(f"greenmim: tensors of rank <= 4 only, got shape {tuple(t.shape)}")
-    v.data = t.data_ptr() if t.numel() > 0 else (t.data_ptr() or 1)
+    v.data = t.data_ptr() if t.numel() > 0 else (t.data_ptr() or ctypes.addressof(_EMPTY))
     v.rank = t.dim()
     for i in range(t.dim()):
         v.extent[i] = t.shape[i]
@@ -196,6 +276,7 @@ def host() -> ctypes.CDLL:
     if lib.gmh_abi_version() != _HOST_ABI_VERSION:
         raise GreenmimError(f"greenmim: libgreenmim_host.so has ABI {lib.gmh_abi_version()}, "
                             f"this package expects {_HOST_ABI_VERSION}: rebuild it")
+    check_layouts(_layout_table(lib, "gmh_abi_layout"), "gmh_", "libgreenmim_host.so")
     lib.gmh_last_error.restype = c_char_p
     lib.gmh_stage_build.argtypes = [POINTER(StageArgs), POINTER(c_void_p)]
     lib.gmh_stage_info_get.argtypes = [c_void_p, POINTER(StageInfo)]
@@ -230,6 +311,7 @@ def _setup_kernels(lib: ctypes.CDLL, name: str) -> ctypes.CDLL:
     if lib.gm_kernels_abi_version() != _KERNELS_ABI_VERSION:
         raise GreenmimError(f"greenmim: {name} has kernels ABI {lib.gm_kernels_abi_version()}, "
                             f"this package expects {_KERNELS_ABI_VERSION}: rebuild it")
+    check_layouts(_layout_table(lib, "gm_abi_layout"), "gm_", f"lib{name}.so")
     lib.gm_last_refusal.restype = c_char_p
     for f, a in (("gm_attention_fwd", FwdArgs), ("gm_attention_bwd_workspace_size", BwdArgs),
                  ("gm_partition_tokens", PartitionArgs), ("gm_unpartition_tokens", PartitionArgs)):

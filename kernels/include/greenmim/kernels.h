@@ -306,6 +306,27 @@ size_t gm_dtype_size(gm_dtype dtype);
  *  (or an entry point refusing its arguments) on the calling thread; "" when none. Never NULL. */
 const char* gm_last_refusal(void);
 
+/* ---------------------------------------------------------------------------------------------
+ * The ABI itself
+ * ------------------------------------------------------------------------------------------- */
+
+/*! GM_KERNELS_ABI_VERSION of the library's build. */
+int gm_kernels_abi_version(void);
+
+/*! One entry of the layout table: struct `name`, and either the struct itself (`field` NULL,
+ *  offset 0, size = sizeof) or its member `field` at byte `offset`, `size` bytes. */
+typedef struct gm_abi_entry {
+  const char* name;
+  const char* field;
+  size_t offset;
+  size_t size;
+} gm_abi_entry;
+
+/*! The layout of every struct of this header as the library was compiled: *count entries, each
+ *  struct's own entry followed by its fields'. For loaders that declare the structs again (the
+ *  Python package checks its ctypes copies against it at import). Static storage; never fails. */
+const gm_abi_entry* gm_abi_layout(size_t* count);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
