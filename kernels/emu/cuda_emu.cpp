@@ -1,8 +1,9 @@
 //! \file cuda_emu.cpp
-//! The CPU emulator of cuda_emu.hpp: fibers (ucontext) per CUDA thread, barriers and warp
-//! collectives, ldmatrix / mma.sync from the PTX ISA tables, and the slice of the CUDA runtime
-//! API that greenmim's kernels and GPU tests call (the emulated device has sm_90 limits).
+//! The CPU emulator of cuda_emu.hpp: fibers per CUDA thread, barriers and warp collectives,
+//! guard pages, faults and kernel launches. ldmatrix / mma.sync: cuda_emu_mma.cpp; the CUDA
+//! runtime API: cuda_emu_runtime.cpp (the emulated device has sm_90 limits).
 #include "cuda_emu.hpp"
+#include "emu_state.hpp"
 
 #include <signal.h>
 #include <sys/mman.h>
@@ -19,54 +20,17 @@
 #include <vector>
 
 namespace gm_emu {
+using namespace internal;
 
 uint3 g_block_idx{0, 0, 0};
 dim3 g_block_dim{1, 1, 1};
 dim3 g_grid_dim{1, 1, 1};
 
-namespace {
+namespace internal {
 
-// ---- emulated device limits (sm_90) ------------------------------------------------------------------
-constexpr int k_smem_default = 48 * 1024;
-constexpr int k_smem_optin = 227 * 1024;
-constexpr int k_sm_count = 132;
-
-std::size_t page_size() {
-  static const std::size_t p = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-  return p;
-}
-std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
-
-// ---- guarded regions: [guard page][ ... user bytes ending at a page boundary ][guard page] ----------
-struct region {
-  char* map = nullptr;     // mmap base
-  std::size_t map_bytes = 0;
-  char* user = nullptr;    // what the caller gets
-  std::size_t bytes = 0;   // what the caller asked for
-  const char* what = "";
-};
-
-std::map<const char*, region> g_regions;  // by user pointer (the emulator is single-threaded)
-
-region make_region(std::size_t bytes, std::size_t align, const char* what) {
-  const std::size_t pg = page_size();
-  const std::size_t body = round_up(std::max<std::size_t>(bytes, 1), pg);
-  region r;
-  r.map_bytes = body + 2 * pg;
-  void* m = mmap(nullptr, r.map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) return r;
-  r.map = static_cast<char*>(m);
-  mprotect(r.map, pg, PROT_NONE);
-  mprotect(r.map + pg + body, pg, PROT_NONE);
-  r.user = r.map + pg + body - round_up(std::max<std::size_t>(bytes, 1), align);
-  r.bytes = bytes;
-  r.what = what;
-  return r;
-}
-void drop_region(region& r) {
-  if (r.map) munmap(r.map, r.map_bytes);
-  r = region{};
-}
+region g_smem;             // the running CTA's dynamic shared memory
+std::size_t g_smem_bytes = 0;
+std::map<const void*, int> g_max_dyn_smem;  // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel
 
 // ---- errors --------------------------------------------------------------------------------------
 cudaError_t g_last_error = cudaSuccess;    // returned and cleared by cudaGetLastError
@@ -78,6 +42,9 @@ cudaError_t record(cudaError_t e) {
   if (e != cudaSuccess) g_last_error = e;
   return e;
 }
+
+}  // namespace internal
+namespace {
 
 // ---- fibers --------------------------------------------------------------------------------------
 constexpr std::size_t k_stack_bytes = 256 * 1024;
@@ -167,13 +134,10 @@ block_state g_block;
 fiber* g_cur = nullptr;
 const std::function<void()>* g_body = nullptr;
 bool g_block_faulted = false;
-region g_smem;
-std::size_t g_smem_bytes = 0;
 
 schedule g_schedule = schedule::forward;
 std::mt19937_64 g_rng{0};
 
-std::map<const void*, int> g_max_dyn_smem;  // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel
 
 void fiber_entry() {
   try {
@@ -479,95 +443,6 @@ const unsigned char* warp_exchange(collective kind, unsigned mask, const void* i
   return &w.slots[par][0][0];
 }
 
-// ---- ldmatrix / mma.sync (PTX ISA: "Warp-level matrix load instruction: ldmatrix" and "Matrix
-// Fragments for mma.m16n8k16 with floating point type") ------------------------------------------
-void ldmatrix_x4(unsigned (&r)[4], const void* p, bool trans) {
-  const char* smem = static_cast<const char*>(g_smem.user);
-  const char* a = static_cast<const char*>(p);
-  if (smem == nullptr || a < smem || a + 16 > smem + g_smem_bytes)
-    fault("ldmatrix row address outside the dynamic shared memory");
-  if (reinterpret_cast<std::uintptr_t>(a) % 16 != 0) fault("ldmatrix row address not 16-byte aligned");
-  const unsigned char* all = warp_exchange(k_ldmatrix, 0xffffffffu, &p, sizeof(p));
-  auto row_ptr = [&](int src_lane) {
-    const void* q;
-    std::memcpy(&q, all + static_cast<std::size_t>(src_lane) * slot_bytes, sizeof(q));
-    return static_cast<const unsigned char*>(q);
-  };
-  const int l = lane_id();
-  for (int i = 0; i < 4; ++i) {  // matrix i: rows from lanes 8i .. 8i+7
-    std::uint16_t lo, hi;
-    if (!trans) {  // thread l holds row l/4, columns 2(l%4), 2(l%4)+1
-      const unsigned char* row = row_ptr(8 * i + l / 4);
-      std::memcpy(&lo, row + 2 * (2 * (l % 4)), 2);
-      std::memcpy(&hi, row + 2 * (2 * (l % 4) + 1), 2);
-    } else {  // transposed: thread l holds column l/4 of rows 2(l%4), 2(l%4)+1
-      std::memcpy(&lo, row_ptr(8 * i + 2 * (l % 4)) + 2 * (l / 4), 2);
-      std::memcpy(&hi, row_ptr(8 * i + 2 * (l % 4) + 1) + 2 * (l / 4), 2);
-    }
-    r[i] = static_cast<unsigned>(lo) | (static_cast<unsigned>(hi) << 16);
-  }
-}
-
-namespace {
-struct mma_in {
-  unsigned a[4];
-  unsigned b[2];
-};
-
-float half_bits_to_float(std::uint16_t h, bool bf16) {
-  if (bf16) {
-    const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-  __half x;
-  std::memcpy(static_cast<void*>(&x), &h, 2);
-  return __half2float(x);
-}
-
-// A (16x16, row-major): a_i holds rows g (i = 0, 2) or g+8 (i = 1, 3), columns 2t, 2t+1 (i < 2)
-// or 2t+8, 2t+9 (i >= 2), with g = lane / 4, t = lane % 4; the lower column in the low half.
-// B (16x8, "col"): b_0 holds rows (k) 2t, 2t+1 and b_1 rows 2t+8, 2t+9, of column n = g.
-// C/D (16x8): c_0, c_1 at row g, c_2, c_3 at row g+8, columns 2t, 2t+1.
-void mma_m16n8k16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1, bool bf16) {
-  mma_in in;
-  std::memcpy(in.a, a, sizeof in.a);
-  in.b[0] = b0;
-  in.b[1] = b1;
-  const unsigned char* all = warp_exchange(k_mma, 0xffffffffu, &in, sizeof in);
-  auto lane_in = [&](int l) {
-    mma_in x;
-    std::memcpy(&x, all + static_cast<std::size_t>(l) * slot_bytes, sizeof x);
-    return x;
-  };
-  auto half_of = [](unsigned w, int hi) { return static_cast<std::uint16_t>(hi ? w >> 16 : w & 0xffffu); };
-  auto A = [&](int row, int k) {
-    const int owner = 4 * (row % 8) + (k % 8) / 2;
-    const int reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
-    return half_bits_to_float(half_of(lane_in(owner).a[reg], k % 2), bf16);
-  };
-  auto B = [&](int k, int n) {
-    const int owner = 4 * n + (k % 8) / 2;
-    return half_bits_to_float(half_of(lane_in(owner).b[k >= 8 ? 1 : 0], k % 2), bf16);
-  };
-  const int l = lane_id(), g = l / 4, t = l % 4;
-  for (int e = 0; e < 4; ++e) {
-    const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
-    double s = 0.0;  // products of 16-bit floats are exact in fp32; the sum is rounded once
-    for (int k = 0; k < 16; ++k) s += static_cast<double>(A(row, k)) * static_cast<double>(B(k, col));
-    d[e] = static_cast<float>(static_cast<double>(d[e]) + s);
-  }
-}
-}  // namespace
-
-void mma_m16n8k16_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  mma_m16n8k16(d, a, b0, b1, true);
-}
-void mma_m16n8k16_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  mma_m16n8k16(d, a, b0, b1, false);
-}
-
 // ---- launch -------------------------------------------------------------------------------------------
 cudaError_t launch_impl(const void* kernel, dim3 grid, dim3 block, std::size_t smem, cudaStream_t,
                         const std::function<void()>& body) {
@@ -611,153 +486,3 @@ cudaError_t launch_impl(const void* kernel, dim3 grid, dim3 block, std::size_t s
 
 }  // namespace gm_emu
 
-// =====================================================================================================
-// The CUDA runtime API, as far as greenmim's kernels and tests use it. Streams are synchronous.
-// =====================================================================================================
-using namespace gm_emu;
-
-extern "C" {
-
-cudaError_t cudaGetLastError(void) {
-  if (g_sticky_error != cudaSuccess) return g_sticky_error;
-  const cudaError_t e = g_last_error;
-  g_last_error = cudaSuccess;
-  return e;
-}
-cudaError_t cudaPeekAtLastError(void) { return g_sticky_error != cudaSuccess ? g_sticky_error : g_last_error; }
-
-const char* cudaGetErrorName(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorNotSupported: return "cudaErrorNotSupported";
-    default: return "cudaError (emulated)";
-  }
-}
-const char* cudaGetErrorString(cudaError_t e) {
-  if (e == cudaErrorLaunchFailure) return "unspecified launch failure (emulated kernel fault, see gm_emu::last_fault)";
-  return cudaGetErrorName(e);
-}
-
-cudaError_t cudaGetDeviceCount(int* n) {
-  if (n == nullptr) return record(cudaErrorInvalidValue);
-  *n = 1;
-  return cudaSuccess;
-}
-cudaError_t cudaGetDevice(int* d) {
-  if (d == nullptr) return record(cudaErrorInvalidValue);
-  *d = 0;
-  return cudaSuccess;
-}
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : record(cudaErrorInvalidDevice); }
-
-cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr attr, int device) {
-  if (v == nullptr || device != 0) return record(cudaErrorInvalidValue);
-  switch (attr) {
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = k_smem_optin; return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlock: *v = k_smem_default; return cudaSuccess;
-    case cudaDevAttrMultiProcessorCount: *v = k_sm_count; return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMajor: *v = 9; return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMinor: *v = 0; return cudaSuccess;
-    case cudaDevAttrWarpSize: *v = 32; return cudaSuccess;
-    case cudaDevAttrMaxThreadsPerBlock: *v = 1024; return cudaSuccess;
-    default: return record(cudaErrorNotSupported);
-  }
-}
-
-cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
-  if (func == nullptr) return record(cudaErrorInvalidValue);
-  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-    if (value < 0 || value > k_smem_optin) return record(cudaErrorInvalidValue);
-    g_max_dyn_smem[func] = value;
-    return cudaSuccess;
-  }
-  return cudaSuccess;
-}
-
-cudaError_t cudaMalloc(void** p, size_t bytes) {
-  if (p == nullptr) return record(cudaErrorInvalidValue);
-  if (g_sticky_error != cudaSuccess) return g_sticky_error;
-  *p = nullptr;
-  if (bytes == 0) return cudaSuccess;
-  region r = make_region(bytes, 256, "cudaMalloc buffer");
-  if (r.user == nullptr) return record(cudaErrorMemoryAllocation);
-  std::memset(r.user, 0xFF, bytes);  // never-written memory reads as NaN / -1
-  g_regions[r.user] = r;
-  *p = r.user;
-  return cudaSuccess;
-}
-cudaError_t cudaFree(void* p) {
-  if (p == nullptr) return cudaSuccess;
-  const auto it = g_regions.find(static_cast<const char*>(p));
-  if (it == g_regions.end()) return record(cudaErrorInvalidValue);
-  drop_region(it->second);
-  g_regions.erase(it);
-  return cudaSuccess;
-}
-
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
-  if (g_sticky_error != cudaSuccess) return g_sticky_error;
-  if (bytes > 0 && (dst == nullptr || src == nullptr)) return record(cudaErrorInvalidValue);
-  if (bytes > 0) std::memmove(dst, src, bytes);
-  return cudaSuccess;
-}
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(dst, src, bytes, kind);
-}
-cudaError_t cudaMemset(void* p, int value, size_t bytes) {
-  if (g_sticky_error != cudaSuccess) return g_sticky_error;
-  if (bytes > 0 && p == nullptr) return record(cudaErrorInvalidValue);
-  if (bytes > 0) std::memset(p, value, bytes);
-  return cudaSuccess;
-}
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) { return cudaMemset(p, value, bytes); }
-
-cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (prop == nullptr || device != 0) return record(cudaErrorInvalidValue);
-  *prop = cudaDeviceProp{};
-  std::snprintf(prop->name, sizeof prop->name, "greenmim CPU emulator (sm_90 limits)");
-  prop->major = 9;
-  prop->minor = 0;
-  prop->multiProcessorCount = k_sm_count;
-  prop->l2CacheSize = 50 * 1024 * 1024;
-  prop->totalGlobalMem = std::size_t(80) << 30;
-  prop->sharedMemPerBlock = k_smem_default;
-  prop->sharedMemPerBlockOptin = k_smem_optin;
-  prop->warpSize = 32;
-  prop->maxThreadsPerBlock = 1024;
-  return cudaSuccess;
-}
-
-// Events: host timestamps (streams are synchronous, so an event completes when recorded).
-cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  if (e == nullptr) return record(cudaErrorInvalidValue);
-  *e = reinterpret_cast<cudaEvent_t>(new std::chrono::steady_clock::time_point());
-  return cudaSuccess;
-}
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete reinterpret_cast<std::chrono::steady_clock::time_point*>(e);
-  return cudaSuccess;
-}
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-  if (e == nullptr) return record(cudaErrorInvalidValue);
-  *reinterpret_cast<std::chrono::steady_clock::time_point*>(e) = std::chrono::steady_clock::now();
-  return g_sticky_error;
-}
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { return e == nullptr ? record(cudaErrorInvalidValue) : g_sticky_error; }
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
-  if (ms == nullptr || a == nullptr || b == nullptr) return record(cudaErrorInvalidValue);
-  const auto d = *reinterpret_cast<std::chrono::steady_clock::time_point*>(b) -
-                 *reinterpret_cast<std::chrono::steady_clock::time_point*>(a);
-  *ms = std::chrono::duration<float, std::milli>(d).count();
-  return cudaSuccess;
-}
-
-cudaError_t cudaDeviceSynchronize(void) { return g_sticky_error; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return g_sticky_error; }
-
-}  // extern "C"
