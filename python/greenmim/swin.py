@@ -8,50 +8,26 @@ row-major) or ``[1, sum N_b, C]`` (per-sample masks, sample-major): see :mod:`gr
 
     model = swin_base_patch4_window7_224()
     plan = model.plan(greenmim.random_masks(), device="cuda")   # a shared 7x7 mask
-    feats = model(images, plan)                                  # [B, 49 * 12 / 49..., 1024]
+    feats = model.forward_features(images, plan)                # [B, 12, 1024]: 12 of 49 units visible
+    logits = model.forward_head(feats, plan)                    # = model(images, plan)
 """
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._lib import GreenmimError
 from .indices import MaskPlan, StagePartition, StagePlan, plan_masks, window_geometry
+from .layers import (ATTN_IMPLS, ClassifierHead, DropPath, Mlp, PatchEmbed, check_attn_impl, drop_path,
+                     drop_path_rates, init_linear, token_samples)
 from .ops import group_window_attention_packed
 from .released import released_group_attention
-from ._lib import GreenmimError
 
-ATTN_IMPLS = ("greenmim", "released")
-
-
-def drop_path(x: Tensor, p: float, training: bool, sample_of_token: Optional[Tensor]) -> Tensor:
-    """Stochastic depth per sample; with the flat per-sample layout ``sample_of_token`` says
-    which sample each token belongs to."""
-    if p == 0.0 or not training:
-        return x
-    keep = 1.0 - p
-    if sample_of_token is None:
-        m = x.new_empty((x.shape[0], 1, 1)).bernoulli_(keep)
-    else:
-        n = int(sample_of_token.max()) + 1 if sample_of_token.numel() else 0
-        m = x.new_empty((n,)).bernoulli_(keep)[sample_of_token].view(1, -1, 1)
-    return x * m / keep
-
-
-class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int, drop: float = 0.0):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU()
-        self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Linear(hidden, dim)
-        self.drop2 = nn.Dropout(drop)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+__all__ = ["GroupWindowAttention", "SwinTransformerBlock", "PatchMerging", "SwinTransformerStage",
+           "VisibleSwinTransformer", "swin_base_patch4_window7_224", "swin_large_patch4_window7_224",
+           "ATTN_IMPLS", "Mlp", "PatchEmbed", "drop_path"]
 
 
 class GroupWindowAttention(nn.Module):
@@ -62,8 +38,7 @@ class GroupWindowAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, window_size: int = 7, qkv_bias: bool = True,
                  proj_drop: float = 0.0, head_dim: Optional[int] = None, attn_impl: str = "greenmim"):
         super().__init__()
-        if attn_impl not in ATTN_IMPLS:
-            raise GreenmimError(f"greenmim: attn_impl must be one of {ATTN_IMPLS}, got {attn_impl!r}")
+        check_attn_impl(attn_impl)
         self.dim, self.num_heads, self.window_size = dim, num_heads, window_size
         self.head_dim = head_dim or dim // num_heads
         attn_dim = self.head_dim * num_heads
@@ -89,21 +64,24 @@ class GroupWindowAttention(nn.Module):
 
 
 class SwinTransformerBlock(nn.Module):
+    """Pre-norm residuals: ``x + attn(norm1(x))``, ``x + mlp(norm2(x))``."""
+
     def __init__(self, dim: int, num_heads: int, window_size: int, shifted: bool, mlp_ratio: float = 4.0,
                  qkv_bias: bool = True, proj_drop: float = 0.0, drop_path: float = 0.0,
                  norm_layer=nn.LayerNorm, attn_impl: str = "greenmim"):
         super().__init__()
         self.shifted = shifted
-        self.drop_path = drop_path
         self.norm1 = norm_layer(dim)
         self.attn = GroupWindowAttention(dim, num_heads, window_size, qkv_bias, proj_drop, attn_impl=attn_impl)
+        self.drop_path1 = DropPath(drop_path)
         self.norm2 = norm_layer(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), proj_drop)
+        self.drop_path2 = DropPath(drop_path)
 
     def forward(self, x: Tensor, stage: StagePlan, sample_of_token: Optional[Tensor] = None) -> Tensor:
         part = stage.partitions[1 if self.shifted else 0]
-        x = x + drop_path(self.attn(self.norm1(x), part), self.drop_path, self.training, sample_of_token)
-        return x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training, sample_of_token)
+        x = x + self.drop_path1(self.attn(self.norm1(x), part), sample_of_token)
+        return x + self.drop_path2(self.mlp(self.norm2(x)), sample_of_token)
 
 
 class PatchMerging(nn.Module):
@@ -123,17 +101,18 @@ class PatchMerging(nn.Module):
 
 
 class SwinTransformerStage(nn.Module):
+    """Patch merging (all stages but the first), then the stage's blocks, alternately plain and
+    shifted windows."""
+
     def __init__(self, dim: int, out_dim: int, depth: int, downsample: bool, num_heads: int, window_size: int,
                  mlp_ratio: float, qkv_bias: bool, proj_drop: float, drop_path: Sequence[float], norm_layer,
-                 attn_impl: str, block_cls=None, merge_cls=None, **block_kw):
+                 attn_impl: str):
         super().__init__()
-        block_cls = block_cls or SwinTransformerBlock
-        merge_cls = merge_cls or PatchMerging
-        self.downsample = merge_cls(dim, out_dim, norm_layer) if downsample else nn.Identity()
+        self.downsample = PatchMerging(dim, out_dim, norm_layer) if downsample else nn.Identity()
         self.blocks = nn.ModuleList([
-            block_cls(out_dim, num_heads, window_size, shifted=(i % 2 == 1), mlp_ratio=mlp_ratio,
-                      qkv_bias=qkv_bias, proj_drop=proj_drop, drop_path=drop_path[i],
-                      norm_layer=norm_layer, attn_impl=attn_impl, **block_kw)
+            SwinTransformerBlock(out_dim, num_heads, window_size, shifted=(i % 2 == 1), mlp_ratio=mlp_ratio,
+                                 qkv_bias=qkv_bias, proj_drop=proj_drop, drop_path=drop_path[i],
+                                 norm_layer=norm_layer, attn_impl=attn_impl)
             for i in range(depth)])
 
     def forward(self, x: Tensor, stage: StagePlan, merge_in: Optional[Tensor],
@@ -145,74 +124,39 @@ class SwinTransformerStage(nn.Module):
         return x
 
 
-class PatchEmbed(nn.Module):
-    """timm's PatchEmbed (Conv2d k = s = patch, LayerNorm), applied to the visible patches only."""
-
-    def __init__(self, patch_size: int, in_chans: int, embed_dim: int, norm_layer=nn.LayerNorm):
-        super().__init__()
-        self.patch_size = patch_size
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
-        self.norm = norm_layer(embed_dim)
-
-    def forward(self, img: Tensor, plan: MaskPlan) -> Tensor:
-        B, Cin, Hi, Wi = img.shape
-        p = self.patch_size
-        gh, gw = Hi // p, Wi // p
-        if (gh, gw) != plan.patch_grid:
-            raise GreenmimError(f"greenmim: image {Hi}x{Wi} gives a {gh}x{gw} patch grid, the plan is for "
-                                f"{plan.patch_grid[0]}x{plan.patch_grid[1]}")
-        if plan.per_sample and B != plan.num_masks:
-            raise GreenmimError(f"greenmim: {B} images, {plan.num_masks} per-sample masks")
-        patches = img.view(B, Cin, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, Cin * p * p)
-        if plan.per_sample:
-            patches = patches.reshape(1, B * gh * gw, -1)
-        x = patches.index_select(1, plan.patch_index)
-        return self.norm(F.linear(x, self.proj.weight.flatten(1), self.proj.bias))
-
-
 class VisibleSwinTransformer(nn.Module):
     """Swin Transformer (timm layout) on the visible tokens of masked images.
 
-    ``forward(images, plan)`` returns the last stage's visible tokens after the final norm:
-    ``[B, N_last, C_last]`` with a shared mask, ``[1, sum N_b, C_last]`` with per-sample masks
-    (``plan.stages[-1].cu_seqlens`` splits it). ``plan`` comes from :meth:`plan`."""
+    ``forward_features(images, plan)`` returns the last stage's visible tokens after the final
+    norm: ``[B, N_last, C_last]`` with a shared mask, ``[1, sum N_b, C_last]`` with per-sample
+    masks (``plan.stages[-1].cu_seqlens`` splits it). ``forward_head`` pools each sample's tokens
+    and applies ``head.fc``; ``forward(images, plan)`` is both, as in timm (with
+    ``num_classes=0`` the pooled features). ``plan`` comes from :meth:`plan`."""
 
     def __init__(self, img_size: int = 224, patch_size: int = 4, in_chans: int = 3, embed_dim: int = 96,
                  depths: Sequence[int] = (2, 2, 6, 2), num_heads: Sequence[int] = (3, 6, 12, 24),
                  window_size: int = 7, mlp_ratio: float = 4.0, qkv_bias: bool = True, proj_drop_rate: float = 0.0,
                  drop_path_rate: float = 0.0, norm_layer=nn.LayerNorm, num_classes: int = 0,
-                 attn_impl: str = "greenmim", strategy: str = "fast", block_cls=None, merge_cls=None,
-                 block_kw_per_stage: Optional[Sequence[dict]] = None):
+                 global_pool: str = "avg", attn_impl: str = "greenmim", strategy: str = "fast"):
         super().__init__()
         self.img_size, self.patch_size, self.window_size = img_size, patch_size, window_size
         self.embed_dim, self.depths, self.strategy = embed_dim, tuple(depths), strategy
         n = len(depths)
         self.num_features = embed_dim * 2 ** (n - 1)
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim, norm_layer)
-        total = sum(depths)  # stochastic depth rising linearly (plain floats: meta-device construction works)
-        dpr = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]
+        dpr = drop_path_rates(drop_path_rate, depths)
         grid = img_size // patch_size
-        layers, in_dim, start = [], embed_dim, 0
+        layers, in_dim = [], embed_dim
         for i in range(n):
             out_dim = embed_dim * 2 ** i
             win = window_geometry(grid >> i, grid >> i, window_size, 0)[0]  # timm's small-stage window
-            extra = block_kw_per_stage[i] if block_kw_per_stage else {}
             layers.append(SwinTransformerStage(in_dim, out_dim, depths[i], i > 0, num_heads[i], win, mlp_ratio,
-                                               qkv_bias, proj_drop_rate, dpr[start:start + depths[i]], norm_layer,
-                                               attn_impl, block_cls, merge_cls, **extra))
-            in_dim, start = out_dim, start + depths[i]
+                                               qkv_bias, proj_drop_rate, dpr[i], norm_layer, attn_impl))
+            in_dim = out_dim
         self.layers = nn.ModuleList(layers)
         self.norm = norm_layer(self.num_features)
-        self.head = nn.Module()
-        self.head.fc = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
-        self.apply(self._init_weights)
-
-    @staticmethod
-    def _init_weights(m: nn.Module) -> None:
-        if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
+        self.head = ClassifierHead(self.num_features, num_classes, pool_type=global_pool)
+        self.apply(init_linear)
 
     def plan(self, visible: Tensor, device=None, cache: bool = True) -> MaskPlan:
         """Plans a mask (bool ``[h, w]`` shared or ``[B, h, w]`` per sample, True = visible) for
@@ -227,27 +171,18 @@ class VisibleSwinTransformer(nn.Module):
         x = self.patch_embed(img, plan)
         for i, layer in enumerate(self.layers):
             stage = plan.stages[i]
-            sample_of_token = None
-            if plan.per_sample and self.training and layer.blocks[0].drop_path > 0:
-                counts = stage.cu_seqlens[1:] - stage.cu_seqlens[:-1]
-                sample_of_token = torch.repeat_interleave(torch.arange(counts.numel(), device=x.device), counts)
-            x = layer(x, stage, plan.stages[i - 1].merge if i > 0 else None, sample_of_token)
+            samples = None  # per-sample stochastic depth needs each token's sample
+            if plan.per_sample and self.training and any(b.drop_path1.drop_prob > 0 for b in layer.blocks):
+                samples = token_samples(stage, stage.num_tokens, x.device)
+            x = layer(x, stage, plan.stages[i - 1].merge if i > 0 else None, samples)
         return self.norm(x)
 
-    def forward_head(self, x: Tensor, plan: MaskPlan) -> Tensor:
-        """Average over each sample's visible tokens, then ``head.fc``."""
-        if plan.per_sample:  # a segment mean on the device: no host sync per sample
-            cu = plan.stages[-1].cu_seqlens
-            counts = cu[1:] - cu[:-1]
-            sample = torch.repeat_interleave(torch.arange(plan.num_masks, device=x.device), counts)
-            sums = x.new_zeros((plan.num_masks, x.shape[-1])).index_add_(0, sample, x[0])
-            x = sums / counts.clamp(min=1).unsqueeze(1).to(x.dtype)
-        else:
-            x = x.mean(1)
-        return self.head.fc(x)
+    def forward_head(self, x: Tensor, plan: MaskPlan, pre_logits: bool = False) -> Tensor:
+        """Average over each sample's visible tokens, then ``head.fc`` (unless ``pre_logits``)."""
+        return self.head(x, plan, pre_logits=pre_logits)
 
     def forward(self, img: Tensor, plan: MaskPlan) -> Tensor:
-        return self.forward_features(img, plan)
+        return self.forward_head(self.forward_features(img, plan), plan)
 
 
 def _swin(embed_dim, depths, num_heads, **kw) -> VisibleSwinTransformer:

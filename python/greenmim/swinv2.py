@@ -14,17 +14,18 @@ tree and parameter names are timm's ``SwinTransformerV2`` (``logit_scale``, ``cp
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._lib import GreenmimError
-from .indices import StagePartition, StagePlan
+from .indices import MaskPlan, StagePartition, StagePlan, plan_masks, window_geometry
+from .layers import (ClassifierHead, DropPath, Mlp, PatchEmbed, check_attn_impl, drop_path_rates, init_linear,
+                     token_samples)
 from .ops import group_window_attention
 from .released import released_group_attention
-from .swin import ATTN_IMPLS, Mlp, VisibleSwinTransformer, drop_path
 
 
 def log_spaced_coords(window: int, pretrained_window: int = 0) -> Tensor:
@@ -44,8 +45,7 @@ class GroupWindowAttentionV2(nn.Module):
     def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True, proj_drop: float = 0.0,
                  pretrained_window_size: int = 0, attn_impl: str = "greenmim"):
         super().__init__()
-        if attn_impl not in ATTN_IMPLS:
-            raise GreenmimError(f"greenmim: attn_impl must be one of {ATTN_IMPLS}, got {attn_impl!r}")
+        check_attn_impl(attn_impl)
         if window_size < 2:
             raise GreenmimError("greenmim: Swin V2's log-spaced position bias needs a window of at least 2")
         self.dim, self.num_heads, self.window_size = dim, num_heads, window_size
@@ -97,17 +97,18 @@ class SwinTransformerV2Block(nn.Module):
                  attn_impl: str = "greenmim", pretrained_window_size: int = 0):
         super().__init__()
         self.shifted = shifted
-        self.drop_path = drop_path
         self.attn = GroupWindowAttentionV2(dim, num_heads, window_size, qkv_bias, proj_drop, pretrained_window_size,
                                            attn_impl)
         self.norm1 = norm_layer(dim)
+        self.drop_path1 = DropPath(drop_path)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), proj_drop)
         self.norm2 = norm_layer(dim)
+        self.drop_path2 = DropPath(drop_path)
 
     def forward(self, x: Tensor, stage: StagePlan, sample_of_token: Optional[Tensor] = None) -> Tensor:
         part = stage.partitions[1 if self.shifted else 0]
-        x = x + drop_path(self.norm1(self.attn(x, part)), self.drop_path, self.training, sample_of_token)
-        return x + drop_path(self.norm2(self.mlp(x)), self.drop_path, self.training, sample_of_token)
+        x = x + self.drop_path1(self.norm1(self.attn(x, part)), sample_of_token)
+        return x + self.drop_path2(self.norm2(self.mlp(x)), sample_of_token)
 
 
 class PatchMergingV2(nn.Module):
@@ -125,22 +126,88 @@ class PatchMergingV2(nn.Module):
         return self.norm(self.reduction(x))
 
 
-class VisibleSwinTransformerV2(VisibleSwinTransformer):
-    """Swin Transformer V2 (timm layout) on visible tokens; same interface as
-    :class:`VisibleSwinTransformer` (``plan``, ``forward(images, plan)``)."""
+class SwinTransformerV2Stage(nn.Module):
+    """Patch merging (all stages but the first), then the stage's blocks, alternately plain and
+    shifted windows."""
 
-    def __init__(self, img_size: int = 256, window_size: int = 8, pretrained_window_sizes=(0, 0, 0, 0), **kw):
-        n = len(kw.get("depths", (2, 2, 6, 2)))
-        super().__init__(img_size=img_size, window_size=window_size, block_cls=SwinTransformerV2Block,
-                         merge_cls=PatchMergingV2,
-                         block_kw_per_stage=[dict(pretrained_window_size=pretrained_window_sizes[i]) for i in range(n)],
-                         **kw)
-        for m in self.modules():
-            if isinstance(m, GroupWindowAttentionV2):
-                nn.init.constant_(m.logit_scale, math.log(10.0))
-                if m.q_bias is not None:
-                    nn.init.zeros_(m.q_bias)
-                    nn.init.zeros_(m.v_bias)
+    def __init__(self, dim: int, out_dim: int, depth: int, downsample: bool, num_heads: int, window_size: int,
+                 mlp_ratio: float, qkv_bias: bool, proj_drop: float, drop_path: Sequence[float], norm_layer,
+                 attn_impl: str, pretrained_window_size: int = 0):
+        super().__init__()
+        self.downsample = PatchMergingV2(dim, out_dim, norm_layer) if downsample else nn.Identity()
+        self.blocks = nn.ModuleList([
+            SwinTransformerV2Block(out_dim, num_heads, window_size, shifted=(i % 2 == 1), mlp_ratio=mlp_ratio,
+                                   qkv_bias=qkv_bias, proj_drop=proj_drop, drop_path=drop_path[i],
+                                   norm_layer=norm_layer, attn_impl=attn_impl,
+                                   pretrained_window_size=pretrained_window_size)
+            for i in range(depth)])
+
+    def forward(self, x: Tensor, stage: StagePlan, merge_in: Optional[Tensor],
+                sample_of_token: Optional[Tensor]) -> Tensor:
+        if merge_in is not None:
+            x = self.downsample(x, merge_in)
+        for blk in self.blocks:
+            x = blk(x, stage, sample_of_token)
+        return x
+
+
+class VisibleSwinTransformerV2(nn.Module):
+    """Swin Transformer V2 (timm layout) on the visible tokens of masked images; the interface of
+    :class:`greenmim.VisibleSwinTransformer`: ``plan``, ``forward_features(images, plan)`` (the
+    last stage's visible tokens after the final norm), ``forward_head``, and ``forward`` = both."""
+
+    def __init__(self, img_size: int = 256, patch_size: int = 4, in_chans: int = 3, embed_dim: int = 96,
+                 depths: Sequence[int] = (2, 2, 6, 2), num_heads: Sequence[int] = (3, 6, 12, 24),
+                 window_size: int = 8, mlp_ratio: float = 4.0, qkv_bias: bool = True, proj_drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.0, norm_layer=nn.LayerNorm, num_classes: int = 0,
+                 global_pool: str = "avg", attn_impl: str = "greenmim", strategy: str = "fast",
+                 pretrained_window_sizes: Sequence[int] = (0, 0, 0, 0)):
+        super().__init__()
+        self.img_size, self.patch_size, self.window_size = img_size, patch_size, window_size
+        self.embed_dim, self.depths, self.strategy = embed_dim, tuple(depths), strategy
+        n = len(depths)
+        self.num_features = embed_dim * 2 ** (n - 1)
+        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim, norm_layer)
+        dpr = drop_path_rates(drop_path_rate, depths)
+        grid = img_size // patch_size
+        layers, in_dim = [], embed_dim
+        for i in range(n):
+            out_dim = embed_dim * 2 ** i
+            win = window_geometry(grid >> i, grid >> i, window_size, 0)[0]  # timm's small-stage window
+            layers.append(SwinTransformerV2Stage(in_dim, out_dim, depths[i], i > 0, num_heads[i], win, mlp_ratio,
+                                                 qkv_bias, proj_drop_rate, dpr[i], norm_layer, attn_impl,
+                                                 pretrained_window_sizes[i]))
+            in_dim = out_dim
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm_layer(self.num_features)
+        self.head = ClassifierHead(self.num_features, num_classes, pool_type=global_pool)
+        self.apply(init_linear)  # Linear layers only: logit_scale, q_bias, v_bias keep the attention's values
+
+    def plan(self, visible: Tensor, device=None, cache: bool = True) -> MaskPlan:
+        """Plans a mask (bool ``[h, w]`` shared or ``[B, h, w]`` per sample, True = visible) for
+        this model's geometry; see :func:`greenmim.plan_masks`."""
+        return plan_masks(visible, img_size=self.img_size, patch_size=self.patch_size, window_size=self.window_size,
+                          num_stages=len(self.layers), embed_dim=self.embed_dim, strategy=self.strategy,
+                          device=device, cache=cache)
+
+    def forward_features(self, img: Tensor, plan: MaskPlan) -> Tensor:
+        if len(plan.stages) != len(self.layers):
+            raise GreenmimError(f"greenmim: plan has {len(plan.stages)} stages, the model {len(self.layers)}")
+        x = self.patch_embed(img, plan)
+        for i, layer in enumerate(self.layers):
+            stage = plan.stages[i]
+            samples = None  # per-sample stochastic depth needs each token's sample
+            if plan.per_sample and self.training and any(b.drop_path1.drop_prob > 0 for b in layer.blocks):
+                samples = token_samples(stage, stage.num_tokens, x.device)
+            x = layer(x, stage, plan.stages[i - 1].merge if i > 0 else None, samples)
+        return self.norm(x)
+
+    def forward_head(self, x: Tensor, plan: MaskPlan, pre_logits: bool = False) -> Tensor:
+        """Average over each sample's visible tokens, then ``head.fc`` (unless ``pre_logits``)."""
+        return self.head(x, plan, pre_logits=pre_logits)
+
+    def forward(self, img: Tensor, plan: MaskPlan) -> Tensor:
+        return self.forward_head(self.forward_features(img, plan), plan)
 
 
 def _v2(embed_dim, depths, num_heads, img_size, window_size, **kw) -> VisibleSwinTransformerV2:

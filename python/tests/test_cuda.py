@@ -46,11 +46,11 @@ def test_encoder_bf16_autocast_matches_fp32_and_compiles():
     model = greenmim.VisibleSwinTransformer(**cfg).cuda()
     x = torch.randn(4, 3, 224, 224, device="cuda")
     plan = model.plan(greenmim.random_masks(4), device="cuda")
-    ref = model(x, plan)
+    ref = model.forward_features(x, plan)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        out = model(x, plan)                       # attention ran in bf16 (the final LayerNorm is float32)
+        out = model.forward_features(x, plan)      # attention ran in bf16 (the final LayerNorm is float32)
     assert float((out.float() - ref).abs().max()) < 0.1 * float(ref.abs().max())
-    step = torch.compile(lambda img, p: model(img, p).float().square().mean(), fullgraph=True)
+    step = torch.compile(lambda img, p: model.forward_features(img, p).float().square().mean(), fullgraph=True)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = step(x, plan)
     loss.backward()
@@ -65,6 +65,6 @@ def test_all_visible_equals_timm_on_gpu():
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(2, 3, 224, 224, device="cuda")
     with torch.no_grad():
-        got = ours(x, ours.plan(torch.ones(7, 7, dtype=torch.bool), device="cuda"))
+        got = ours.forward_features(x, ours.plan(torch.ones(7, 7, dtype=torch.bool), device="cuda"))
         want = ref.forward_features(x).reshape(2, 49, -1)
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)

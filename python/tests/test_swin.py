@@ -26,7 +26,7 @@ def test_all_visible_equals_timm():
     plan = ours.plan(torch.ones(7, 7, dtype=torch.bool))
     with torch.no_grad():
         want = ref.forward_features(x)                  # [B, 7, 7, C], cyclic shift + -100 mask
-        got = ours(x, plan)                             # [B, 49, C]
+        got = ours.forward_features(x, plan)            # [B, 49, C]
     torch.testing.assert_close(got, want.reshape(2, 49, -1), rtol=1e-9, atol=1e-9)
 
 
@@ -35,7 +35,7 @@ def test_all_visible_per_sample_equals_timm():
     x = torch.randn(2, 3, 224, 224, dtype=torch.float64)
     plan = ours.plan(torch.ones(2, 7, 7, dtype=torch.bool))
     with torch.no_grad():
-        got = ours(x, plan)                             # [1, 2 * 49, C]
+        got = ours.forward_features(x, plan)            # [1, 2 * 49, C]
         want = ref.forward_features(x).reshape(1, 98, -1)
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
 
@@ -75,10 +75,10 @@ def test_per_sample_equals_one_sample_at_a_time():
     x = torch.randn(3, 3, 224, 224, dtype=torch.float64)
     with torch.no_grad():
         plan = ours.plan(vis)
-        packed = ours(x, plan)
+        packed = ours.forward_features(x, plan)
         cu = plan.stages[-1].cu_seqlens
         for b in range(3):
-            alone = ours(x[b:b + 1], ours.plan(vis[b]))
+            alone = ours.forward_features(x[b:b + 1], ours.plan(vis[b]))
             torch.testing.assert_close(packed[:, int(cu[b]):int(cu[b + 1])], alone, rtol=1e-10, atol=1e-10)
 
 
@@ -88,7 +88,7 @@ def test_released_attention_impl_agrees_and_trains():
     rel.load_state_dict(ours.state_dict())
     x = torch.randn(2, 3, 224, 224, dtype=torch.float64)
     plan = ours.plan(greenmim.random_masks())
-    a, b = ours(x, plan), rel(x, plan)
+    a, b = ours.forward_features(x, plan), rel.forward_features(x, plan)
     torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
     a.square().mean().backward()
     b.square().mean().backward()
@@ -109,9 +109,9 @@ def test_timm_checkpoint_loads_parameter_for_parameter(name):
         x = torch.randn(1, 3, 224, 224)
         with torch.no_grad():
             plan = ours.plan(torch.ones(7, 7, dtype=torch.bool))
-            torch.testing.assert_close(ours(x, plan), ref.eval().forward_features(x).reshape(1, 49, -1),
+            torch.testing.assert_close(ours.forward_features(x, plan), ref.eval().forward_features(x).reshape(1, 49, -1),
                                        rtol=2e-4, atol=2e-4)
-            logits = ours.forward_head(ours(x, plan), plan)
+            logits = ours.forward_head(ours.forward_features(x, plan), plan)
             torch.testing.assert_close(logits, ref(x), rtol=2e-4, atol=2e-4)
 
 
@@ -124,7 +124,7 @@ def test_training_step_reduces_loss_on_cpu():
     target = torch.randn(1, plan.stages[-1].num_tokens, model.num_features)
     losses = []
     for _ in range(4):
-        loss = (model(x, plan) - target).square().mean()
+        loss = (model.forward_features(x, plan) - target).square().mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -141,7 +141,7 @@ def test_simmim_192_window6_geometry():
     ref, ours = _pair(**{k: v for k, v in cfg.items() if k not in TINY or TINY[k] != v})
     x = torch.randn(2, 3, 192, 192, dtype=torch.float64)
     with torch.no_grad():
-        got = ours(x, ours.plan(torch.ones(6, 6, dtype=torch.bool)))
+        got = ours.forward_features(x, ours.plan(torch.ones(6, 6, dtype=torch.bool)))
         want = ref.forward_features(x)
     torch.testing.assert_close(got, want.reshape(2, -1, want.shape[-1]), rtol=1e-9, atol=1e-9)
     plan = ours.plan(greenmim.random_masks(2, grid=6))
@@ -166,8 +166,8 @@ def test_forward_head_per_sample_equals_shared_per_image():
     x = torch.randn(3, 3, 224, 224, dtype=torch.float64)
     with torch.no_grad():
         plan = ours.plan(vis)
-        packed = ours.forward_head(ours(x, plan), plan)
-        alone = torch.cat([ours.forward_head(ours(x[b:b + 1], p), p) for b in range(3)
+        packed = ours.forward_head(ours.forward_features(x, plan), plan)
+        alone = torch.cat([ours.forward_head(ours.forward_features(x[b:b + 1], p), p) for b in range(3)
                            for p in [ours.plan(vis[b])]])
     assert packed.shape == (3, 5)
     torch.testing.assert_close(packed, alone, rtol=1e-10, atol=1e-10)
