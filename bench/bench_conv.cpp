@@ -5,7 +5,7 @@
 // (cu_seqlens). Items = visible input tokens.
 #include <benchmark/benchmark.h>
 
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/sparse_conv.hpp>
 
 #include <vector>

@@ -4,8 +4,8 @@
 // reference of partition/unpartition of features (bytes/s).
 #include <benchmark/benchmark.h>
 
-#include <greenmim/mask.hpp>
-#include <greenmim/masking.hpp>
+#include <greenmim/attention_mask.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/merging.hpp>
 #include <greenmim/models.hpp>
 #include <greenmim/partition.hpp>

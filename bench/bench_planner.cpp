@@ -3,7 +3,7 @@
 // iteration cycling through the vectors.
 #include <benchmark/benchmark.h>
 
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/models.hpp>
 #include <greenmim/planner.hpp>
 #include <greenmim/windows.hpp>

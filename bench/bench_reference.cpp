@@ -11,7 +11,7 @@
 #include <benchmark/benchmark.h>
 
 #include <greenmim/cost_model.hpp>
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/models.hpp>
 #include <greenmim/partition.hpp>
 #include <greenmim/planner.hpp>

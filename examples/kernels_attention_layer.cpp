@@ -18,6 +18,7 @@
 #include <greenmim/kernels.h>
 #ifdef GREENMIM_EXAMPLE_HAVE_REFERENCE
 #include <greenmim/reference/attention.hpp>
+#include <greenmim/reference/oracle.hpp>
 #endif
 
 #include <algorithm>

@@ -10,6 +10,7 @@
 //   build/bin/example_per_sample_reference [batch]     (default 8)
 #include <greenmim/greenmim.hpp>
 #include <greenmim/reference/attention.hpp>
+#include <greenmim/reference/oracle.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
 // Test helper shared by the index-builder tests: random valid plans.
 #pragma once
 
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/plan.hpp>
 
 #include <algorithm>

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include <greenmim/geometry.hpp>
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/merging.hpp>
 
 using namespace greenmim;

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <greenmim/greenmim.hpp>
+#include <greenmim/kernel_limits.hpp>
 
 #include <cstdio>
 #include <set>

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include <greenmim/geometry.hpp>
-#include <greenmim/mask.hpp>
-#include <greenmim/masking.hpp>
+#include <greenmim/attention_mask.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/merging.hpp>
 #include <greenmim/models.hpp>
 #include <greenmim/partition.hpp>

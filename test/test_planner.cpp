@@ -1,7 +1,7 @@
 // Planner: knapsack forms, strategies, bounds, bad input.
 #include <doctest/doctest.h>
 
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/models.hpp>
 #include <greenmim/planner.hpp>
 #include <greenmim/windows.hpp>

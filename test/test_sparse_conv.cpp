@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/merging.hpp>
 #include <greenmim/sparse_conv.hpp>
 

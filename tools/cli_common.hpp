@@ -181,7 +181,7 @@ class args {
 };
 
 //! `s` with every control character written as \xNN: an error quotes user text (an argument may
-//! hold a newline), and the program's contract is ONE line on stderr (found by test/fuzz).
+//! hold a newline), and the program's contract is ONE line on stderr.
 inline std::string one_line(const std::string& s) {
   std::string r;
   for (unsigned char c : s) {

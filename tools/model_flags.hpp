@@ -4,7 +4,8 @@
 // and about which attention path (CUDA kernels or the CPU reference) can run a stage.
 #pragma once
 
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
+#include <greenmim/kernel_limits.hpp>
 #include <greenmim/models.hpp>
 
 #include <string>
@@ -14,6 +15,17 @@
 #include "cli_main.hpp"
 
 namespace greenmim::cli {
+
+//! The usage lines of the geometry flags, as every command prints them.
+inline const char* geometry_usage() {
+  return
+    "  --image PX        image side in pixels (default: the model's: 224, 192 or 256)\n"
+    "  --patch PX        patch size (default: the model's, 4)\n"
+    "  --window P        window side in tokens (default: the model's; a stage grid <= P is one\n"
+    "                    window of the grid's size, not shifted, as in Swin/timm)\n"
+    "  --mask-unit PX    mask unit side (default: the largest patch stride, patch x 8 = 32)\n"
+    "  --ratio R         mask ratio in [0, 1] (default 0.75)\n";
+}
 
 //! Geometry flags, valued (each command adds them to its own).
 inline const std::vector<std::string>& geometry_flags() {

@@ -37,7 +37,7 @@
 #include <greenmim/kernels.hpp>
 
 #include <greenmim/geometry.hpp>
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/partition.hpp>
 #include <greenmim/planner.hpp>
 

@@ -1,8 +1,8 @@
 //! \file models.hpp
 //! Model shapes: built-in Swin presets (Swin-B/L at 224 px, window 7 or 14; SimMIM's 192 px,
 //! window 6; timm's Swin V2 shapes), user-built geometries validated in one place
-//! (`validate_model_shape`, `make_model_shape`), the CUDA kernels' limits as a host-side check
-//! (`cuda_attention_refusal`), and Twins-B/L for the sparse-conv simulations.
+//! (`validate_model_shape`, `make_model_shape`), and Twins-B/L for the sparse-conv simulations.
+//! What the CUDA kernels accept of a shape is theirs to say: <greenmim/kernel_limits.hpp>.
 #pragma once
 
 #include <cstring>
@@ -10,7 +10,7 @@
 
 #include "config.hpp"
 #include "geometry.hpp"
-#include "masking.hpp"
+#include "random_masks.hpp"
 #include "status.hpp"
 
 namespace greenmim {
@@ -67,39 +67,6 @@ inline const model_shape* find_model(const char* name) {
   for (const auto& m : builtin_models)
     if (std::strcmp(m.name, name) == 0) return &m;
   return nullptr;
-}
-
-//! Largest window p and group size G the CUDA attention kernels accept: the host-side twins of
-//! GM_MAX_WINDOW and GM_SIMT_MAX_GROUP in kernels/include/greenmim/kernels.h (a test checks they
-//! agree), with the head dimensions they implement.
-constexpr index_t cuda_max_window = 32;
-constexpr index_t cuda_max_group = 1024;
-//! Largest G of the tensor-core attention (GM_ALGO_MMA, forward and backward, fp16/bf16): the
-//! fast path. Above it, up to cuda_max_group, the CUDA-core (SIMT) kernels run.
-constexpr index_t cuda_mma_max_group = 256;
-
-//! The planner cap (planner_options::max_group_size) that keeps a stage of window `window` on
-//! the tensor-core path: cuda_mma_max_group when a full p x p window fits under it (windows up
-//! to 16), else 0 (no cap: such windows need G > 256 anyway). The planner's own optimum may lie
-//! above the largest window (e.g. G = 65 for windows of 49, or 272 for windows of 256); the cap
-//! trades that (small) saving for the fast kernels.
-inline index_t fast_path_max_group(index_t window) {
-  return window > 0 && static_cast<std::int64_t>(window) * window <= cuda_mma_max_group ? cuda_mma_max_group : 0;
-}
-
-//! Why the CUDA attention (gm_attention_fwd/bwd) would refuse a stage that runs window `window`
-//! (the effective one, after Swin's small-stage rule), groups of `group_size` tokens and heads of
-//! `head_dim`; empty when it accepts them. The CPU reference (reference/attention.hpp) has none
-//! of these limits. O(1).
-inline std::string cuda_attention_refusal(index_t window, index_t group_size, index_t head_dim) {
-  std::string why;
-  auto add = [&why](const std::string& s) { why += (why.empty() ? "" : "; ") + s; };
-  if (window > cuda_max_window)
-    add("window " + std::to_string(window) + " > GM_MAX_WINDOW " + std::to_string(cuda_max_window));
-  if (group_size > cuda_max_group)
-    add("group size " + std::to_string(group_size) + " > GM_SIMT_MAX_GROUP " + std::to_string(cuda_max_group));
-  if (head_dim != 32 && head_dim != 64) add("head_dim " + std::to_string(head_dim) + " is not 32 or 64");
-  return why;
 }
 
 //! Checks that `m` can be planned as it is: positive sides, channels = heads * head_dim; the

@@ -14,6 +14,7 @@
 
 #include <greenmim/encoder_plan.hpp>
 #include <greenmim/greenmim.hpp>
+#include <greenmim/kernel_limits.hpp>
 #include <greenmim/reference/attention.hpp>
 
 namespace {

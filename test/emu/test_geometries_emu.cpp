@@ -9,6 +9,7 @@
 #include "cuda_emu.hpp"
 #include "gpu/gpu_test_util.hpp"
 
+#include <greenmim/kernel_limits.hpp>
 #include <greenmim/models.hpp>
 #include <greenmim/reference/attention.hpp>
 

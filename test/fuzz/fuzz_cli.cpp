@@ -1,4 +1,4 @@
-// libFuzzer target: the greenmim program (tools/greenmim.cpp) in-process, through
+// libFuzzer target: the greenmim program (tools/cli.cpp and its commands) in-process, through
 // greenmim::cli::run with arbitrary argument vectors and stdin.
 // Input: arguments separated by '\0', then optionally a 0xFF byte and the stdin text.
 // Invariants: exit code 0 or 2 (1 = an internal error, a finding); on failure exactly one line on

@@ -4,11 +4,12 @@
 // bad inputs; NaN/Inf propagation without leaks across windows of one group.
 #include <doctest/doctest.h>
 
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/models.hpp>
 #include <greenmim/partition.hpp>
 #include <greenmim/planner.hpp>
 #include <greenmim/reference/attention.hpp>
+#include <greenmim/reference/oracle.hpp>
 #include <greenmim/windows.hpp>
 
 #include <algorithm>

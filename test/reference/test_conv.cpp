@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/reference/conv.hpp>
 #include <greenmim/sparse_conv.hpp>
 

@@ -4,12 +4,14 @@
 // Every stage and both blocks, forward and backward, against the window-by-window oracle.
 #include <doctest/doctest.h>
 
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/merging.hpp>
+#include <greenmim/kernel_limits.hpp>
 #include <greenmim/models.hpp>
 #include <greenmim/partition.hpp>
 #include <greenmim/planner.hpp>
 #include <greenmim/reference/attention.hpp>
+#include <greenmim/reference/oracle.hpp>
 #include <greenmim/windows.hpp>
 
 #include <algorithm>

@@ -21,7 +21,7 @@
 
 #include <greenmim/kernels.h>
 
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/models.hpp>
 #include <greenmim/sparse_conv.hpp>
 

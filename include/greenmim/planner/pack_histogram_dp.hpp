@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "../config.hpp"
-#include "../knapsack.hpp"
+#include "knapsack.hpp"
 #include "histogram.hpp"
 
 namespace greenmim {

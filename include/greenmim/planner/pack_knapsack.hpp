@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "../config.hpp"
-#include "../knapsack.hpp"
+#include "knapsack.hpp"
 #include "../view.hpp"
 #include "histogram.hpp"
 

@@ -1,4 +1,4 @@
-//! \file masking.hpp
+//! \file random_masks.hpp
 //! Batch-wise random masks (the paper's Section 3.5): one mask-unit grid per micro-batch (or per
 //! sample, see per-sample planning), reproducible from (seed, stream) with a portable generator,
 //! and the visible token coordinates each stage of a hierarchical encoder sees.

@@ -15,9 +15,7 @@
 //   embed (before the stage): N C_in k^2 C, k = patch size at stage 1 (C_in = 3), else 2.
 // Memory proxy: activations (sum over blocks of N C) and attention scores (heads x queries x keys,
 // padding included for LSA groups), visible against all tokens.
-#pragma once
-
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/models.hpp>
 #include <greenmim/planner.hpp>
 #include <greenmim/windows.hpp>
@@ -30,6 +28,7 @@
 
 #include "cli_common.hpp"
 #include "cli_main.hpp"
+#include "commands.hpp"
 
 namespace greenmim::cli {
 
@@ -66,7 +65,7 @@ inline twins_parts twins_stage_parts(const twins_shape& m, int s, double n, doub
   return p;
 }
 
-inline int simulate_twins(int argc, char** argv, std::ostream& cout, const limits& lim) {
+int simulate_twins(int argc, char** argv, std::ostream& cout, const limits& lim) {
   args a(argc, argv, {"--model", "--masks", "--seed", "--ratio", "--shift", "--curve", "--batch"},
          {"--json", "--per-sample"});
   for (const char* swin_only : {"--shift", "--curve", "--batch", "--per-sample"})

@@ -7,20 +7,18 @@
 //   shifted block as SimMIM's cyclic roll, i.e. the same full windows).
 // Prints per stage the errors, both times, the speed-up and the attention FLOPs saved (the
 // paper's cost model, cost_model.hpp). `--json` prints one JSON object and nothing else.
-#pragma once
-
 #include <greenmim/config.hpp>
 #include <greenmim/cost_model.hpp>
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
+#include <greenmim/kernel_limits.hpp>
 #include <greenmim/models.hpp>
 #include <greenmim/partition.hpp>
 #include <greenmim/planner.hpp>
 #include <greenmim/status.hpp>
 #include <greenmim/view.hpp>
 #include <greenmim/windows.hpp>
-#if defined(GREENMIM_HAVE_REFERENCE)
 #include <greenmim/reference/attention.hpp>
-#endif
+#include <greenmim/reference/oracle.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -34,6 +32,7 @@
 
 #include "cli_common.hpp"
 #include "cli_main.hpp"
+#include "commands.hpp"
 #include "model_flags.hpp"
 
 namespace greenmim {
@@ -60,8 +59,6 @@ inline options parse(int argc, char** argv, const cli::limits& lim = {}) {
   if (o.mc.masking().num_keep() == 0) throw cli::usage_error("--ratio leaves no visible mask unit");
   return o;
 }
-
-#if defined(GREENMIM_HAVE_REFERENCE)
 
 //! One stage's results (both blocks added up; errors: the larger of the two blocks).
 struct stage_result {
@@ -395,34 +392,52 @@ inline int run(const options& opt) {
   return ok ? 0 : 1;
 }
 
-#endif  // GREENMIM_HAVE_REFERENCE
 
 }  // namespace demo
 }  // namespace greenmim
 
-//! `greenmim demo [--json] [--batch N (1..64, default 8)] [--seed S] [--model NAME] [--image PX] [--patch PX]
-//! [--window P] [--mask-unit PX] [--ratio R]`: `argv` holds the arguments
-//! after the subcommand. Returns 0 when every check passes, 1 when a check fails or an internal
-//! error occurs (one line on stderr), 2 on a bad flag (one line on stderr, nothing on stdout).
-//! Runs in about a second for the defaults (batch 8, Swin-B) on one core.
-inline int greenmim_demo(int argc, char** argv, const greenmim::cli::limits& lim = {}) {
-  greenmim::demo::options opt;
+namespace greenmim::cli {
+
+std::string demo_usage() {
+  return std::string(
+             "usage: greenmim demo [flags]\n"
+             "One random masked batch through stages 1-3 of a model on the CPU reference (float): plan,\n"
+             "indices, grouped window attention forward and backward for both blocks of each stage,\n"
+             "checked against the window-by-window oracle and timed against attention over all tokens.\n"
+             "\n"
+             "  --model NAME      default swin-b; ") +
+         swin_model_names_wrapped(20) + "\n" + geometry_usage() +
+         "  --batch N         images, 1..64 (default 8)\n"
+         "  --seed N          mask and data seed (default 0)\n"
+         "  --json            one JSON object on one line\n"
+         "  --help            this text\n";
+}
+
+
+//! `greenmim demo [--json] [--batch N (1..64, default 8)] [--seed S] [--model NAME] [--image PX]
+//! [--patch PX] [--window P] [--mask-unit PX] [--ratio R]`: `argv` holds the arguments after the
+//! subcommand. Returns 0 when every check passes, 1 when a check fails or an internal error occurs
+//! (one line on stderr), 2 on a bad flag (one line on stderr, nothing on stdout). Runs in about a
+//! second for the defaults (batch 8, Swin-B) on one core. With lim.run_demo false (the fuzzer) it
+//! only parses the flags (a bad one throws usage_error).
+int cmd_demo(int argc, char** argv, const limits& lim) {
+  if (!lim.run_demo) {
+    demo::parse(argc, argv, lim);
+    return 0;
+  }
+  demo::options opt;
   try {
-    opt = greenmim::demo::parse(argc, argv, lim);
-  } catch (const greenmim::cli::usage_error& e) {
-    std::fprintf(stderr, "greenmim demo: %s\n", greenmim::cli::one_line(e.what()).c_str());
+    opt = demo::parse(argc, argv, lim);
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "greenmim demo: %s\n", one_line(e.what()).c_str());
     return 2;
   }
-#if defined(GREENMIM_HAVE_REFERENCE)
   try {
-    return greenmim::demo::run(opt);
+    return demo::run(opt);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "greenmim demo: error: %s\n", greenmim::cli::one_line(e.what()).c_str());
+    std::fprintf(stderr, "greenmim demo: error: %s\n", one_line(e.what()).c_str());
     return 1;
   }
-#else
-  (void)opt;
-  std::fprintf(stderr, "greenmim demo: this build has no CPU reference (Eigen 3 not found)\n");
-  return 1;
-#endif
 }
+
+}  // namespace greenmim::cli

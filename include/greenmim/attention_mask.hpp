@@ -1,4 +1,4 @@
-//! \file mask.hpp
+//! \file attention_mask.hpp
 //! Block-diagonal masks and relative-position indices of grouped (partitioned) tokens.
 //!
 //! Compact form: the per-slot window id IS `partition_indices::slot_window` (pad = -1); slot q may
@@ -6,7 +6,7 @@
 //! array and `slot_coord` and never needs the dense forms below, which serve the CPU reference,
 //! tests and frameworks that want an explicit additive mask / bias (the released code's path).
 //!
-//! Conventions (REFERENCE-NOTES):
+//! Conventions (the released GreenMIM code's and Swin's):
 //!   - additive mask `[n_g, G, G]`: 0 where q and k are real tokens of one window, `masked_value`
 //!     elsewhere (across windows and on every pair touching padding). The released value is -100
 //!     (`released_mask_value`); -infinity is allowed, but then a padding query row is entirely
@@ -66,8 +66,8 @@ status build_attention_mask(const partition_indices& p, tensor_view<T, 3> out,
 constexpr index_t max_rel_pos_window = 23170;
 
 //! Relative-position index per slot pair: `out(g, i, j) = slot_rel_pos_index(...)` with window
-//! size `window` (the stage's effective p, `window_geometry::window`), i.e. the REFERENCE-NOTES
-//! formula on absolute coordinates for pairs that attend and `rel_pos_none` (-1) otherwise.
+//! size `window` (the stage's effective p, `window_geometry::window`), i.e. Swin's formula above
+//! on absolute coordinates for pairs that attend and `rel_pos_none` (-1) otherwise.
 //! `out` is `[n_g, G, G]`. Fails with `invalid_argument` (window <= 0 or > max_rel_pos_window),
 //! `shape_mismatch`, the status
 //! of `validate_partition`, or `out_of_range` when two slots of one window lie p or more apart

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include <greenmim/geometry.hpp>
-#include <greenmim/mask.hpp>
-#include <greenmim/masking.hpp>
+#include <greenmim/attention_mask.hpp>
+#include <greenmim/random_masks.hpp>
 #include <greenmim/partition.hpp>
 #include <greenmim/plan.hpp>
 
@@ -98,7 +98,7 @@ TEST_CASE("dense mask is block-diagonal: 0 iff both slots real and of one window
   CHECK(cross_pairs > 1000);  // the property was exercised on both sides
 }
 
-TEST_CASE("rel-pos index equals the REFERENCE-NOTES formula for pairs of one window, -1 elsewhere") {
+TEST_CASE("rel-pos index equals Swin's formula for pairs of one window, -1 elsewhere") {
   rng r(2);
   std::int64_t in_window = 0;
   for (index_t p : {7, 14})

@@ -1,4 +1,4 @@
-//! \file knapsack.hpp
+//! \file planner/knapsack.hpp
 //! Subset sum (0-1 knapsack with value = weight), the building block of the paper's grouping, in
 //! two forms that make identical decisions:
 //!  - `knapsack_table`: the appendix's `Knapsack(g_s, Phi)` ported literally, O(n*G) time and
@@ -15,8 +15,8 @@
 #include <intrin.h>
 #endif
 
-#include "config.hpp"
-#include "view.hpp"
+#include "../config.hpp"
+#include "../view.hpp"
 
 namespace greenmim {
 
