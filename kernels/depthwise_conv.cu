@@ -243,20 +243,26 @@ cudaError_t launch_dw_apply(const dw_params& p, cudaStream_t stream) {
   return launch(dw_apply<T, V>, grid, k_dw_threads, 0, stream, p);
 }
 
-template <class T>
-cudaError_t run_dw_fwd(const gm_depthwise_conv_args* a, cudaStream_t stream) {
+//! The apply kernel's parameters for `in` -> `out` (x -> y, or dy -> dx through the mirrored table).
+dw_params apply_params(const gm_depthwise_conv_args* a, const gm_tensor& in, const gm_tensor& out) {
   dw_params p;
-  p.in = a->x.data;
-  p.res = a->residual ? a->x.data : nullptr;
-  p.out = a->y.data;
-  p.in_s0 = a->x.stride[0]; p.in_s1 = a->x.stride[1];
-  p.out_s0 = a->y.stride[0]; p.out_s1 = a->y.stride[1];
+  p.in = in.data;
+  p.res = a->residual ? in.data : nullptr;
+  p.out = out.data;
+  p.in_s0 = in.stride[0]; p.in_s1 = in.stride[1];
+  p.out_s0 = out.stride[0]; p.out_s1 = out.stride[1];
   p.nbr = a->nbr;
   p.w = a->weight;
-  p.bias = a->bias;
   p.batch = static_cast<int>(a->x.extent[0]);
   p.tokens = static_cast<int>(a->x.extent[1]);
   p.channels = static_cast<int>(a->x.extent[2]);
+  return p;
+}
+
+template <class T>
+cudaError_t run_dw_fwd(const gm_depthwise_conv_args* a, cudaStream_t stream) {
+  dw_params p = apply_params(a, a->x, a->y);
+  p.bias = a->bias;
   if (p.batch == 0 || p.tokens == 0 || p.channels == 0) return cudaSuccess;
   return dw_vectorizable(a, false) ? launch_dw_apply<T, 8>(p, stream) : launch_dw_apply<T, 1>(p, stream);
 }
@@ -270,17 +276,7 @@ cudaError_t run_dw_bwd(const gm_depthwise_conv_args* a, void* workspace, cudaStr
     if (a->dbias) GM_TRY(cudaMemsetAsync(a->dbias, 0, static_cast<std::size_t>(C) * sizeof(float), stream));
   }
   if (B == 0 || N == 0 || C == 0) return cudaSuccess;
-  dw_params p;
-  p.in = a->dy.data;
-  p.res = a->residual ? a->dy.data : nullptr;
-  p.out = a->dx.data;
-  p.in_s0 = a->dy.stride[0]; p.in_s1 = a->dy.stride[1];
-  p.out_s0 = a->dx.stride[0]; p.out_s1 = a->dx.stride[1];
-  p.nbr = a->nbr;
-  p.w = a->weight;
-  p.batch = B;
-  p.tokens = N;
-  p.channels = C;
+  dw_params p = apply_params(a, a->dy, a->dx);
   p.mirrored = 1;
   GM_TRY((vec ? launch_dw_apply<T, 8>(p, stream) : launch_dw_apply<T, 1>(p, stream)));
   if (!a->dweight && !a->dbias) return cudaSuccess;

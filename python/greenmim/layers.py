@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._lib import GreenmimError
-from .indices import MaskPlan, StagePlan
+from .indices import MaskPlan, StagePlan, plan_masks
 
 ATTN_IMPLS = ("greenmim", "released")
 
@@ -147,3 +147,27 @@ def init_linear(m: nn.Module) -> None:
         nn.init.trunc_normal_(m.weight, std=0.02)
         if m.bias is not None:
             nn.init.zeros_(m.bias)
+
+
+def plan_for(model: nn.Module, visible: Tensor, device=None, cache: bool = True) -> MaskPlan:
+    """``model.plan``: a mask (bool ``[h, w]`` shared or ``[B, h, w]`` per sample, True = visible)
+    planned for a visible-token Swin's geometry; see :func:`greenmim.plan_masks`."""
+    return plan_masks(visible, img_size=model.img_size, patch_size=model.patch_size, window_size=model.window_size,
+                      num_stages=len(model.layers), embed_dim=model.embed_dim, strategy=model.strategy,
+                      device=device, cache=cache)
+
+
+def forward_stages(model: nn.Module, img: Tensor, plan: MaskPlan) -> Tensor:
+    """``model.forward_features``: patch embedding, the stages (each with the plan of its stage
+    and the previous stage's merge), the final norm. Per-sample stochastic depth gets each
+    token's sample where a stage has a non-zero rate."""
+    if len(plan.stages) != len(model.layers):
+        raise GreenmimError(f"greenmim: plan has {len(plan.stages)} stages, the model {len(model.layers)}")
+    x = model.patch_embed(img, plan)
+    for i, layer in enumerate(model.layers):
+        stage = plan.stages[i]
+        samples = None
+        if plan.per_sample and model.training and any(b.drop_path1.drop_prob > 0 for b in layer.blocks):
+            samples = token_samples(stage, stage.num_tokens, x.device)
+        x = layer(x, stage, plan.stages[i - 1].merge if i > 0 else None, samples)
+    return model.norm(x)

@@ -19,9 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from ._lib import GreenmimError
-from .indices import MaskPlan, StagePartition, StagePlan, plan_masks, window_geometry
+from .indices import MaskPlan, StagePartition, StagePlan, window_geometry
 from .layers import (ATTN_IMPLS, ClassifierHead, DropPath, Mlp, PatchEmbed, check_attn_impl, drop_path,
-                     drop_path_rates, init_linear, token_samples)
+                     drop_path_rates, forward_stages, init_linear, plan_for)
 from .ops import group_window_attention_packed
 from .released import released_group_attention
 
@@ -161,21 +161,10 @@ class VisibleSwinTransformer(nn.Module):
     def plan(self, visible: Tensor, device=None, cache: bool = True) -> MaskPlan:
         """Plans a mask (bool ``[h, w]`` shared or ``[B, h, w]`` per sample, True = visible) for
         this model's geometry; see :func:`greenmim.plan_masks`."""
-        return plan_masks(visible, img_size=self.img_size, patch_size=self.patch_size, window_size=self.window_size,
-                          num_stages=len(self.layers), embed_dim=self.embed_dim, strategy=self.strategy,
-                          device=device, cache=cache)
+        return plan_for(self, visible, device, cache)
 
     def forward_features(self, img: Tensor, plan: MaskPlan) -> Tensor:
-        if len(plan.stages) != len(self.layers):
-            raise GreenmimError(f"greenmim: plan has {len(plan.stages)} stages, the model {len(self.layers)}")
-        x = self.patch_embed(img, plan)
-        for i, layer in enumerate(self.layers):
-            stage = plan.stages[i]
-            samples = None  # per-sample stochastic depth needs each token's sample
-            if plan.per_sample and self.training and any(b.drop_path1.drop_prob > 0 for b in layer.blocks):
-                samples = token_samples(stage, stage.num_tokens, x.device)
-            x = layer(x, stage, plan.stages[i - 1].merge if i > 0 else None, samples)
-        return self.norm(x)
+        return forward_stages(self, img, plan)
 
     def forward_head(self, x: Tensor, plan: MaskPlan, pre_logits: bool = False) -> Tensor:
         """Average over each sample's visible tokens, then ``head.fc`` (unless ``pre_logits``)."""
