@@ -6,7 +6,7 @@
 #include <benchmark/benchmark.h>
 
 #include <greenmim/encoder_plan.hpp>
-#include <greenmim/masking.hpp>
+#include <greenmim/random_masks.hpp>
 
 #include <vector>
 
