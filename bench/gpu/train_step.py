@@ -133,7 +133,7 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
                 out = model(img, masked)
             else:
                 plan = model.plan(units, device=device, cache=False)
-                out = model(img, plan)
+                out = model(img, plan) if args.full else model.forward_features(img, plan)   # visible tokens
             loss = out.float() if args.full and row == "simmim" else \
                 (out[0].float() if args.full else out.float().square().mean())
         opt.zero_grad(set_to_none=True)

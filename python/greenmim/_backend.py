@@ -188,12 +188,11 @@ def attention_bwd(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot
 def _partition_call(fn: str, x: torch.Tensor, y: torch.Tensor, gather, scatter, slot_window, group_size: int):
     lib = _kernel_lib(x)
     a = _lib.PartitionArgs()
-    a.dtype = _lib.GM_DTYPES.get(x.dtype, -1)
+    # partitioning copies rows: any 2- or 4-byte element type goes as the float type of its size
+    by_size = {2: _lib.GM_DTYPES[torch.float16], 4: _lib.GM_DTYPES[torch.float32]}
+    a.dtype = _lib.GM_DTYPES.get(x.dtype, by_size.get(x.element_size(), -1))
     if a.dtype < 0:
-        # a copy: only the element size matters
-        a.dtype = {2: 1, 4: 0}.get(x.element_size(), -1)
-        if a.dtype < 0:
-            raise GreenmimError(f"greenmim: partition on the kernels takes 2- or 4-byte elements, got {x.dtype}")
+        raise GreenmimError(f"greenmim: partition on the kernels takes 2- or 4-byte elements, got {x.dtype}")
     a.x, a.y = _lib.tensor(x), _lib.tensor(y)
     a.part = _lib.partition(gather, scatter, slot_window, None, group_size)
     _lib.kernel_check(lib, getattr(lib, fn)(ctypes.byref(a), _stream(x)), fn)

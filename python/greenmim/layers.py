@@ -163,6 +163,9 @@ def forward_stages(model: nn.Module, img: Tensor, plan: MaskPlan) -> Tensor:
     token's sample where a stage has a non-zero rate."""
     if len(plan.stages) != len(model.layers):
         raise GreenmimError(f"greenmim: plan has {len(plan.stages)} stages, the model {len(model.layers)}")
+    if plan.device != img.device:
+        raise GreenmimError(f"greenmim: the plan is on {plan.device}, the images on {img.device}: plans and "
+                            f"tensors must share a device (plan.to({str(img.device)!r}))")
     x = model.patch_embed(img, plan)
     for i, layer in enumerate(model.layers):
         stage = plan.stages[i]

@@ -236,7 +236,7 @@ torch.library.register_autograd(f"{_LIB}::unpartition", _unpartition_backward, s
 
 # ---- public API -----------------------------------------------------------------------------------
 
-def _resolve(q: Tensor, bias: Optional[Tensor], part, window: Optional[int], scale: Optional[float]):
+def _resolve(q: Tensor, part, window: Optional[int], scale: Optional[float]):
     w = part.window if window is None else int(window)
     s = float(q.shape[-1]) ** -0.5 if scale is None else float(scale)
     return w, s
@@ -270,7 +270,7 @@ def group_window_attention(q: Tensor, k: Tensor, v: Tensor, bias_table: Optional
     ``window`` to the partition's (after Swin's small-stage rule). ``algo``: "auto", "simt" or
     "mma" (CUDA only; see kernels.h). On CPU "auto" runs torch's batched matmuls (the output of
     a window with a NaN or inf is computed again exactly) and "reference" the Eigen reference."""
-    w, s = _resolve(q, bias_table, partition, window, scale)
+    w, s = _resolve(q, partition, window, scale)
     _check_devices("attention", q, k=k, v=v, bias_table=bias_table)
     _check_partition_device("attention", q, partition)
     if _torch_cpu(q, algo):
@@ -292,7 +292,7 @@ def group_window_attention_packed(qkv: Tensor, bias_table: Optional[Tensor], par
                                   algo: str = "auto") -> Tensor:
     """As :func:`group_window_attention` on the packed ``[B, N, 3, heads, head_dim]`` projection
     (``qkv(x).view(B, N, 3, heads, head_dim)``): no copy in, one packed gradient out."""
-    w, s = _resolve(qkv, bias_table, partition, window, scale)
+    w, s = _resolve(qkv, partition, window, scale)
     _check_devices("attention", qkv, bias_table=bias_table)
     _check_partition_device("attention", qkv, partition)
     if _torch_cpu(qkv, algo):

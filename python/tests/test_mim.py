@@ -314,3 +314,9 @@ def test_a_plan_on_another_device_is_refused_by_the_model():
     imgs = torch.randn(1, 3, 224, 224, dtype=torch.float64)
     with pytest.raises(GreenmimError, match="the plan is on meta, the images on cpu"):
         model(imgs, model.plan(greenmim.random_masks(), device="meta"))
+    for enc in (model.encoder, greenmim.VisibleSwinTransformerV2(img_size=256, window_size=8, embed_dim=32,
+                                                                   depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))):
+        x = torch.randn(1, 3, enc.img_size, enc.img_size, dtype=torch.float64)
+        for method in (enc.forward_features, enc):
+            with pytest.raises(GreenmimError, match="the plan is on meta, the images on cpu"):
+                method(x, enc.plan(greenmim.random_masks(grid=enc.img_size // 32), device="meta"))
