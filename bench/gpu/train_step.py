@@ -190,8 +190,8 @@ def breakdown(cfg: dict, args, device) -> list:
             y = greenmim.partition_tokens(x, part)
             qkv = torch.randn(args.batch, part.num_tokens, 3, H, D, device=device, dtype=dtype)
             bias = torch.randn((2 * part.window - 1) ** 2, H, device=device)
-            o, lse = torch.ops.greenmim.attention_packed_fwd(qkv, bias, part.gather, part.scatter, part.slot_window,
-                                                             part.slot_coord, part.group_size, part.window,
+            index = [part.gather, part.scatter, part.slot_window, part.slot_coord]
+            o, lse = torch.ops.greenmim.attention_packed_fwd(qkv, bias, index, part.group_size, part.window,
                                                              D ** -0.5, "auto")
             g = torch.randn_like(o)
             key = "shifted" if shift else "plain"
@@ -201,11 +201,10 @@ def breakdown(cfg: dict, args, device) -> list:
             row[f"{key}_group_ms"] = _time(lambda: greenmim.partition_tokens(x, part), clock, args.reps)
             row[f"{key}_ungroup_ms"] = _time(lambda: greenmim.unpartition_tokens(y, part), clock, args.reps)
             row[f"{key}_attn_fwd_ms"] = _time(lambda: torch.ops.greenmim.attention_packed_fwd(
-                qkv, bias, part.gather, part.scatter, part.slot_window, part.slot_coord, part.group_size,
-                part.window, D ** -0.5, "auto"), clock, args.reps)
+                qkv, bias, index, part.group_size, part.window, D ** -0.5, "auto"), clock, args.reps)
             row[f"{key}_attn_bwd_ms"] = _time(lambda: torch.ops.greenmim.attention_packed_bwd(
-                g, qkv, o, lse, bias, part.gather, part.scatter, part.slot_window, part.slot_coord, part.group_size,
-                part.window, D ** -0.5, "auto", True), clock, args.reps)
+                g, qkv, o, lse, bias, index, part.group_size, part.window, D ** -0.5, "auto", True), clock,
+                args.reps)
         out.append(row)
     return out
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
-from typing import Optional, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -64,7 +64,37 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def check_inputs(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size: int, window: int) -> None:
+class Index(NamedTuple):
+    """One stage partition as the library reads it: the four int32 index tensors of a
+    :class:`greenmim.StagePartition` and the attention's geometry. The custom ops' schemas carry
+    the tensors as one ``Tensor[]`` argument (a schema takes tensors and scalars, not objects);
+    :meth:`of` rebuilds this from them, and everything below the ops takes it whole."""
+    gather: torch.Tensor
+    scatter: torch.Tensor
+    slot_window: torch.Tensor
+    slot_coord: torch.Tensor
+    group_size: int
+    window: int = 0
+    scale: float = 1.0
+
+    @staticmethod
+    def tensors(part) -> List[torch.Tensor]:
+        """The op argument for a partition (anything with the four index attributes)."""
+        return [part.gather, part.scatter, part.slot_window, part.slot_coord]
+
+    @classmethod
+    def of(cls, tensors: Sequence[torch.Tensor], group_size: int, window: int = 0, scale: float = 1.0) -> "Index":
+        if len(tensors) != 4:
+            raise GreenmimError(f"greenmim: a partition is 4 index tensors (gather, scatter, slot_window, "
+                                f"slot_coord), got {len(tensors)}")
+        return cls(*tensors, int(group_size), int(window), float(scale))
+
+    def op_args(self) -> tuple:
+        """``(index, group_size, window, scale)``, as the attention ops' schemas take them."""
+        return list(self[:4]), self.group_size, self.window, self.scale
+
+
+def check_inputs(q, k, v, bias, ix: Index) -> None:
     """Python-side checks that give a clear exception before any library call."""
     for n, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -75,7 +105,8 @@ def check_inputs(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_
         raise GreenmimError(f"greenmim: q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise GreenmimError("greenmim: q, k, v are on different devices")
-    for n, t in (("gather", gather), ("scatter", scatter), ("slot_window", slot_window), ("slot_coord", slot_coord)):
+    gather, scatter, slot_window, slot_coord, group_size, window, _ = ix
+    for n, t in zip(ix._fields, ix[:4]):
         if t.dtype != torch.int32 or t.dim() != 1:
             raise GreenmimError(f"greenmim: {n} must be a 1-D int32 tensor, got {t.dtype} of shape {tuple(t.shape)}")
         if t.device != q.device:
@@ -118,8 +149,7 @@ def _bias_f32(bias: Optional[torch.Tensor], q: torch.Tensor) -> Optional[torch.T
     return bias.detach().to(q.dtype)
 
 
-def _args(struct, q, tensors: dict, gather, scatter, slot_window, slot_coord, group_size: int, window: int,
-          scale: float):
+def _args(struct, q, tensors: dict, ix: Index):
     """One argument struct for either ABI: the kernels' (dtype code, algo set by the caller) or the
     host reference's (float32/float64)."""
     a = struct()
@@ -127,34 +157,31 @@ def _args(struct, q, tensors: dict, gather, scatter, slot_window, slot_coord, gr
         (_lib.GMH_FLOAT64 if q.dtype == torch.float64 else _lib.GMH_FLOAT32)
     for name, t in tensors.items():
         setattr(a, name, _lib.tensor(t))
-    a.part = _lib.partition(gather, scatter, slot_window, slot_coord, group_size)
-    a.window, a.scale = window, scale
+    a.part = _lib.partition(ix)
+    a.window, a.scale = ix.window, ix.scale
     return a
 
 
-def attention_fwd(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size: int, window: int,
-                  scale: float, algo: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
+def attention_fwd(q, k, v, bias, ix: Index, algo: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
     B, N, H, D = q.shape
     o = torch.empty((B, N, H, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, N, H), dtype=lse_dtype(q), device=q.device)
     if o.numel() == 0:
         return o, lse
-    index = (gather, scatter, slot_window, slot_coord, group_size, window, scale)
     if uses_kernels(q):
         lib = _kernel_lib(q)
         t = dict(q=_rows(q), k=_rows(k), v=_rows(v), o=o, lse=lse, bias_table=_bias_f32(bias, q))
-        a = _args(_lib.FwdArgs, q, t, *index)
+        a = _args(_lib.FwdArgs, q, t, ix)
         a.algo = _lib.GM_ALGOS[algo]
         _lib.kernel_check(lib, lib.gm_attention_fwd(ctypes.byref(a), _stream(q)), "attention forward")
     else:
         t = dict(q=q, k=k, v=v, o=o, lse=lse, bias_table=_bias_f32(bias, q))
-        a = _args(_lib.HostAttentionArgs, q, t, *index)
+        a = _args(_lib.HostAttentionArgs, q, t, ix)
         _lib.host_check(_lib.host().gmh_attention_fwd(ctypes.byref(a)), "attention forward")
     return o, lse
 
 
-def attention_bwd(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size: int,
-                  window: int, scale: float, dq, dk, dv, need_dbias: bool,
+def attention_bwd(d_o, q, k, v, o, lse, bias, ix: Index, dq, dk, dv, need_dbias: bool,
                   algo: str = "auto") -> Optional[torch.Tensor]:
     """Writes dq, dk, dv (tensors of q's shape, any strides with a unit last one) and returns
     d(bias table) (float32 on the kernels, q's dtype on the CPU) or None."""
@@ -168,10 +195,9 @@ def attention_bwd(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot
         q, k, v, o = _rows(q), _rows(k), _rows(v), _rows(o)
     t = dict(q=q, k=k, v=v, o=o, d_o=_rows(d_o), lse=lse, bias_table=_bias_f32(bias, q), dq=dq, dk=dk, dv=dv,
              d_bias_table=dbias)
-    index = (gather, scatter, slot_window, slot_coord, group_size, window, scale)
     if kernels:
         lib = _kernel_lib(q)
-        a = _args(_lib.BwdArgs, q, t, *index)
+        a = _args(_lib.BwdArgs, q, t, ix)
         a.algo = _lib.GM_ALGOS[algo]
         size = ctypes.c_size_t(0)
         _lib.kernel_check(lib, lib.gm_attention_bwd_workspace_size(ctypes.byref(a), ctypes.byref(size)),
@@ -180,12 +206,12 @@ def attention_bwd(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot
         _lib.kernel_check(lib, lib.gm_attention_bwd(ctypes.byref(a), ws_ptr, size.value, _stream(q)),
                           "attention backward")
     else:
-        a = _args(_lib.HostAttentionArgs, q, t, *index)
+        a = _args(_lib.HostAttentionArgs, q, t, ix)
         _lib.host_check(_lib.host().gmh_attention_bwd(ctypes.byref(a)), "attention backward")
     return dbias
 
 
-def _partition_call(fn: str, x: torch.Tensor, y: torch.Tensor, gather, scatter, slot_window, group_size: int):
+def _partition_call(fn: str, x: torch.Tensor, y: torch.Tensor, ix: Index):
     lib = _kernel_lib(x)
     a = _lib.PartitionArgs()
     # partitioning copies rows: any 2- or 4-byte element type goes as the float type of its size
@@ -194,25 +220,25 @@ def _partition_call(fn: str, x: torch.Tensor, y: torch.Tensor, gather, scatter, 
     if a.dtype < 0:
         raise GreenmimError(f"greenmim: partition on the kernels takes 2- or 4-byte elements, got {x.dtype}")
     a.x, a.y = _lib.tensor(x), _lib.tensor(y)
-    a.part = _lib.partition(gather, scatter, slot_window, None, group_size)
+    a.part = _lib.partition(ix, slot_coord=False)
     _lib.kernel_check(lib, getattr(lib, fn)(ctypes.byref(a), _stream(x)), fn)
 
 
-def partition_tokens(x, gather, scatter, slot_window, group_size: int) -> torch.Tensor:
+def partition_tokens(x, ix: Index) -> torch.Tensor:
     B, N, C = x.shape
-    y = torch.empty((B, gather.numel(), C), dtype=x.dtype, device=x.device)
+    y = torch.empty((B, ix.gather.numel(), C), dtype=x.dtype, device=x.device)
     if uses_kernels(x) and y.numel() > 0:
-        _partition_call("gm_partition_tokens", _rows(x), y, gather, scatter, slot_window, group_size)
+        _partition_call("gm_partition_tokens", _rows(x), y, ix)
         return y
-    idx = gather.long()
+    idx = ix.gather.long()
     real = (idx >= 0).view(1, -1, 1)
     return torch.where(real, x.index_select(1, idx.clamp(min=0)), torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def unpartition_tokens(y, gather, scatter, slot_window, group_size: int) -> torch.Tensor:
+def unpartition_tokens(y, ix: Index) -> torch.Tensor:
     B, S, C = y.shape
-    if uses_kernels(y) and y.numel() > 0 and scatter.numel() > 0:
-        x = torch.empty((B, scatter.numel(), C), dtype=y.dtype, device=y.device)
-        _partition_call("gm_unpartition_tokens", x, _rows(y), gather, scatter, slot_window, group_size)
+    if uses_kernels(y) and y.numel() > 0 and ix.scatter.numel() > 0:
+        x = torch.empty((B, ix.scatter.numel(), C), dtype=y.dtype, device=y.device)
+        _partition_call("gm_unpartition_tokens", x, _rows(y), ix)
         return x
-    return y.index_select(1, scatter.long())
+    return y.index_select(1, ix.scatter.long())

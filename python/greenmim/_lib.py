@@ -217,14 +217,15 @@ def tensor(t: Optional[torch.Tensor]) -> Tensor:
     return v
 
 
-def partition(gather: torch.Tensor, scatter: torch.Tensor, slot_window: torch.Tensor,
-              slot_coord: Optional[torch.Tensor], group_size: int) -> Partition:
+def partition(ix, slot_coord: bool = True) -> Partition:
+    """The C view of a partition (``ix``: anything with gather, scatter, slot_window, slot_coord
+    int32 tensors and group_size; the copy kernels read no slot_coord)."""
     p = Partition()
-    p.gather, p.scatter, p.slot_window = gather.data_ptr(), scatter.data_ptr(), slot_window.data_ptr()
-    p.slot_coord = slot_coord.data_ptr() if slot_coord is not None else None
-    p.group_size = group_size
-    p.num_groups = gather.numel() // group_size if group_size > 0 else 0
-    p.num_tokens = scatter.numel()
+    p.gather, p.scatter, p.slot_window = ix.gather.data_ptr(), ix.scatter.data_ptr(), ix.slot_window.data_ptr()
+    p.slot_coord = ix.slot_coord.data_ptr() if slot_coord else None
+    p.group_size = ix.group_size
+    p.num_groups = ix.gather.numel() // ix.group_size if ix.group_size > 0 else 0
+    p.num_tokens = ix.scatter.numel()
     return p
 
 

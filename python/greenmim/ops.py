@@ -28,6 +28,9 @@ if not hasattr(torch.library, "custom_op") or not hasattr(torch.library, "regist
 _LIB = "greenmim"
 
 
+Index = _backend.Index
+
+
 def _check_devices(where: str, like: Tensor, **tensors: Optional[Tensor]) -> None:
     """Every tensor on ``like``'s device. A plan on another device must not reach the ops: with one
     input on "meta", torch would run their shape-only fakes and return uninitialised memory."""
@@ -39,25 +42,32 @@ def _check_devices(where: str, like: Tensor, **tensors: Optional[Tensor]) -> Non
 
 
 def _check_partition_device(where: str, x: Tensor, part) -> None:
-    _check_devices(where, x, gather=part.gather, scatter=part.scatter, slot_window=part.slot_window,
-                   slot_coord=part.slot_coord)
+    """``part``: a StagePartition, an Index, or an op's ``index`` list (the four index tensors)."""
+    tensors = Index.tensors(part) if hasattr(part, "gather") else list(part)
+    _check_devices(where, x, **dict(zip(Index._fields, tensors)))
+
+
+def _grads(*leading: Optional[Tensor], scalars: int) -> Tuple:
+    """An op backward's return, shaped as the op's inputs: the gradients of the inputs before the
+    index, four Nones for the index list, a None for each scalar after it."""
+    return (*leading, [None] * 4) + (None,) * scalars
 
 
 # ---- attention ----------------------------------------------------------------------------------
+# Schemas: (features..., bias, index: the partition's four tensors, group_size, window, scale, algo).
 
 @torch.library.custom_op(f"{_LIB}::attention_fwd", mutates_args=())
-def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], gather: Tensor, scatter: Tensor,
-                   slot_window: Tensor, slot_coord: Tensor, group_size: int, window: int, scale: float,
-                   algo: str) -> Tuple[Tensor, Tensor]:
-    _backend.check_inputs(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, window)
-    return _backend.attention_fwd(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, window,
-                                  scale, algo)
+def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], index: List[Tensor], group_size: int,
+                   window: int, scale: float, algo: str) -> Tuple[Tensor, Tensor]:
+    ix = Index.of(index, group_size, window, scale)
+    _backend.check_inputs(q, k, v, bias, ix)
+    return _backend.attention_fwd(q, k, v, bias, ix, algo)
 
 
 @_attention_fwd.register_fake
-def _(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo):
-    _check_devices("attention forward", q, k=k, v=v, bias_table=bias, gather=gather, scatter=scatter,
-                   slot_window=slot_window, slot_coord=slot_coord)
+def _(q, k, v, bias, index, group_size, window, scale, algo):
+    _check_devices("attention forward", q, k=k, v=v, bias_table=bias)
+    _check_partition_device("attention forward", q, index)
     B, N, H, _ = q.shape
     return torch.empty_like(q, memory_format=torch.contiguous_format), \
         q.new_empty((B, N, H), dtype=_backend.lse_dtype(q))
@@ -65,11 +75,11 @@ def _(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, windo
 
 @torch.library.custom_op(f"{_LIB}::attention_bwd", mutates_args=())
 def _attention_bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, bias: Optional[Tensor],
-                   gather: Tensor, scatter: Tensor, slot_window: Tensor, slot_coord: Tensor, group_size: int,
-                   window: int, scale: float, algo: str, need_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                   index: List[Tensor], group_size: int, window: int, scale: float, algo: str,
+                   need_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = (torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
-    db = _backend.attention_bwd(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size,
-                                window, scale, dq, dk, dv, need_dbias, algo)
+    db = _backend.attention_bwd(d_o, q, k, v, o, lse, bias, Index.of(index, group_size, window, scale), dq, dk, dv,
+                                need_dbias, algo)
     return dq, dk, dv, db if db is not None else q.new_empty((0,))
 
 
@@ -83,28 +93,32 @@ def _fake_dbias(bias: Optional[Tensor], like: Tensor, need: bool) -> Tensor:
 
 
 @_attention_bwd.register_fake
-def _(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo,
-      need_dbias):
-    _check_devices("attention backward", q, d_o=d_o, k=k, v=v, o=o, lse=lse, bias_table=bias, gather=gather,
-                   scatter=scatter, slot_window=slot_window, slot_coord=slot_coord)
+def _(d_o, q, k, v, o, lse, bias, index, group_size, window, scale, algo, need_dbias):
+    _check_devices("attention backward", q, d_o=d_o, k=k, v=v, o=o, lse=lse, bias_table=bias)
+    _check_partition_device("attention backward", q, index)
     return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), _fake_dbias(bias, q, need_dbias)
 
 
+def _save_index(ctx, index: List[Tensor], meta: Tuple, *tensors: Optional[Tensor]) -> None:
+    ctx.save_for_backward(*tensors, *index)
+    ctx.num_saved, ctx.meta = len(tensors), meta
+
+
+def _saved(ctx) -> Tuple[tuple, List[Tensor]]:
+    saved = ctx.saved_tensors
+    return saved[:ctx.num_saved], list(saved[ctx.num_saved:])
+
+
 def _fwd_setup(ctx, inputs, output):
-    q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord)
-    ctx.meta = (group_size, window, scale, algo)
+    q, k, v, bias, index, *meta = inputs
+    _save_index(ctx, index, tuple(meta), q, k, v, *output, bias)
     ctx.bias_grad = bias is not None and ctx.needs_input_grad[3]
 
 
 def _fwd_backward(ctx, d_o, d_lse):
-    q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord = ctx.saved_tensors
-    group_size, window, scale, algo = ctx.meta
-    dq, dk, dv, db = torch.ops.greenmim.attention_bwd(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window,
-                                                      slot_coord, group_size, window, scale, algo, ctx.bias_grad)
-    db = db.to(bias.dtype) if ctx.bias_grad else None
-    return dq, dk, dv, db, None, None, None, None, None, None, None, None
+    (q, k, v, o, lse, bias), index = _saved(ctx)
+    dq, dk, dv, db = torch.ops.greenmim.attention_bwd(d_o, q, k, v, o, lse, bias, index, *ctx.meta, ctx.bias_grad)
+    return _grads(dq, dk, dv, db.to(bias.dtype) if ctx.bias_grad else None, scalars=4)
 
 
 torch.library.register_autograd(f"{_LIB}::attention_fwd", _fwd_backward, setup_context=_fwd_setup)
@@ -112,39 +126,38 @@ torch.library.register_autograd(f"{_LIB}::attention_fwd", _fwd_backward, setup_c
 
 # Packed qkv: reads the [B, N, 3, H, D] projection in place, writes one packed gradient.
 @torch.library.custom_op(f"{_LIB}::attention_packed_fwd", mutates_args=())
-def _attention_packed_fwd(qkv: Tensor, bias: Optional[Tensor], gather: Tensor, scatter: Tensor, slot_window: Tensor,
-                          slot_coord: Tensor, group_size: int, window: int, scale: float,
-                          algo: str) -> Tuple[Tensor, Tensor]:
+def _attention_packed_fwd(qkv: Tensor, bias: Optional[Tensor], index: List[Tensor], group_size: int, window: int,
+                          scale: float, algo: str) -> Tuple[Tensor, Tensor]:
     q, k, v = _split_packed(qkv)
-    _backend.check_inputs(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, window)
-    return _backend.attention_fwd(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, window,
-                                  scale, algo)
+    ix = Index.of(index, group_size, window, scale)
+    _backend.check_inputs(q, k, v, bias, ix)
+    return _backend.attention_fwd(q, k, v, bias, ix, algo)
 
 
 @_attention_packed_fwd.register_fake
-def _(qkv, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo):
-    _check_devices("attention forward", qkv, bias_table=bias, gather=gather, scatter=scatter,
-                   slot_window=slot_window, slot_coord=slot_coord)
+def _(qkv, bias, index, group_size, window, scale, algo):
+    _check_devices("attention forward", qkv, bias_table=bias)
+    _check_partition_device("attention forward", qkv, index)
     B, N, _, H, D = qkv.shape
     return qkv.new_empty((B, N, H, D)), qkv.new_empty((B, N, H), dtype=_backend.lse_dtype(qkv))
 
 
 @torch.library.custom_op(f"{_LIB}::attention_packed_bwd", mutates_args=())
-def _attention_packed_bwd(d_o: Tensor, qkv: Tensor, o: Tensor, lse: Tensor, bias: Optional[Tensor], gather: Tensor,
-                          scatter: Tensor, slot_window: Tensor, slot_coord: Tensor, group_size: int, window: int,
-                          scale: float, algo: str, need_dbias: bool) -> Tuple[Tensor, Tensor]:
+def _attention_packed_bwd(d_o: Tensor, qkv: Tensor, o: Tensor, lse: Tensor, bias: Optional[Tensor],
+                          index: List[Tensor], group_size: int, window: int, scale: float, algo: str,
+                          need_dbias: bool) -> Tuple[Tensor, Tensor]:
     q, k, v = _split_packed(qkv)
     dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
     dq, dk, dv = dqkv.unbind(2)
-    db = _backend.attention_bwd(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size,
-                                window, scale, dq, dk, dv, need_dbias, algo)
+    db = _backend.attention_bwd(d_o, q, k, v, o, lse, bias, Index.of(index, group_size, window, scale), dq, dk, dv,
+                                need_dbias, algo)
     return dqkv, db if db is not None else qkv.new_empty((0,))
 
 
 @_attention_packed_bwd.register_fake
-def _(d_o, qkv, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo, need_dbias):
-    _check_devices("attention backward", qkv, d_o=d_o, o=o, lse=lse, bias_table=bias, gather=gather,
-                   scatter=scatter, slot_window=slot_window, slot_coord=slot_coord)
+def _(d_o, qkv, o, lse, bias, index, group_size, window, scale, algo, need_dbias):
+    _check_devices("attention backward", qkv, d_o=d_o, o=o, lse=lse, bias_table=bias)
+    _check_partition_device("attention backward", qkv, index)
     return qkv.new_empty(qkv.shape), _fake_dbias(bias, qkv, need_dbias)
 
 
@@ -155,79 +168,76 @@ def _split_packed(qkv: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
 
 
 def _packed_setup(ctx, inputs, output):
-    qkv, bias, gather, scatter, slot_window, slot_coord, group_size, window, scale, algo = inputs
-    o, lse = output
-    ctx.save_for_backward(qkv, o, lse, bias, gather, scatter, slot_window, slot_coord)
-    ctx.meta = (group_size, window, scale, algo)
+    qkv, bias, index, *meta = inputs
+    _save_index(ctx, index, tuple(meta), qkv, *output, bias)
     ctx.bias_grad = bias is not None and ctx.needs_input_grad[1]
 
 
 def _packed_backward(ctx, d_o, d_lse):
-    qkv, o, lse, bias, gather, scatter, slot_window, slot_coord = ctx.saved_tensors
-    group_size, window, scale, algo = ctx.meta
-    dqkv, db = torch.ops.greenmim.attention_packed_bwd(d_o, qkv, o, lse, bias, gather, scatter, slot_window,
-                                                       slot_coord, group_size, window, scale, algo, ctx.bias_grad)
-    db = db.to(bias.dtype) if ctx.bias_grad else None
-    return dqkv, db, None, None, None, None, None, None, None, None
+    (qkv, o, lse, bias), index = _saved(ctx)
+    dqkv, db = torch.ops.greenmim.attention_packed_bwd(d_o, qkv, o, lse, bias, index, *ctx.meta, ctx.bias_grad)
+    return _grads(dqkv, db.to(bias.dtype) if ctx.bias_grad else None, scalars=4)
 
 
 torch.library.register_autograd(f"{_LIB}::attention_packed_fwd", _packed_backward, setup_context=_packed_setup)
 
 
 # ---- partition / unpartition ----------------------------------------------------------------------
+# Schemas: (features, index: the partition's four tensors, group_size).
 
-def _check_tokens(x: Tensor, gather: Tensor, scatter: Tensor, group_size: int, slots_axis: bool) -> None:
+def _check_tokens(x: Tensor, ix: Index, slots_axis: bool) -> None:
     if x.dim() != 3:
         raise _backend.GreenmimError(f"greenmim: features must be [B, tokens, C], got {tuple(x.shape)}")
-    for n, t in (("gather", gather), ("scatter", scatter)):
+    for n, t in (("gather", ix.gather), ("scatter", ix.scatter)):
         if t.dtype != torch.int32 or t.dim() != 1 or t.device != x.device:
             raise _backend.GreenmimError(f"greenmim: {n} must be a 1-D int32 tensor on {x.device}")
-    want = gather.numel() if slots_axis else scatter.numel()
+    want = ix.gather.numel() if slots_axis else ix.scatter.numel()
     if x.shape[1] != want:
         what = "slots (num_groups * G)" if slots_axis else "tokens"
         raise _backend.GreenmimError(f"greenmim: features have {x.shape[1]} rows, the partition has {want} {what}")
-    if group_size <= 0 or gather.numel() % group_size:
-        raise _backend.GreenmimError(f"greenmim: group_size {group_size} does not divide {gather.numel()} slots")
+    if ix.group_size <= 0 or ix.gather.numel() % ix.group_size:
+        raise _backend.GreenmimError(f"greenmim: group_size {ix.group_size} does not divide {ix.gather.numel()} slots")
 
 
 @torch.library.custom_op(f"{_LIB}::partition", mutates_args=())
-def _partition(x: Tensor, gather: Tensor, scatter: Tensor, slot_window: Tensor, group_size: int) -> Tensor:
-    _check_tokens(x, gather, scatter, group_size, slots_axis=False)
-    return _backend.partition_tokens(x, gather, scatter, slot_window, group_size)
+def _partition(x: Tensor, index: List[Tensor], group_size: int) -> Tensor:
+    ix = Index.of(index, group_size)
+    _check_tokens(x, ix, slots_axis=False)
+    return _backend.partition_tokens(x, ix)
 
 
 @_partition.register_fake
-def _(x, gather, scatter, slot_window, group_size):
-    _check_devices("partition", x, gather=gather, scatter=scatter, slot_window=slot_window)
-    return x.new_empty((x.shape[0], gather.shape[0], x.shape[2]))
+def _(x, index, group_size):
+    _check_partition_device("partition", x, index)
+    return x.new_empty((x.shape[0], index[0].shape[0], x.shape[2]))
 
 
 @torch.library.custom_op(f"{_LIB}::unpartition", mutates_args=())
-def _unpartition(y: Tensor, gather: Tensor, scatter: Tensor, slot_window: Tensor, group_size: int) -> Tensor:
-    _check_tokens(y, gather, scatter, group_size, slots_axis=True)
-    return _backend.unpartition_tokens(y, gather, scatter, slot_window, group_size)
+def _unpartition(y: Tensor, index: List[Tensor], group_size: int) -> Tensor:
+    ix = Index.of(index, group_size)
+    _check_tokens(y, ix, slots_axis=True)
+    return _backend.unpartition_tokens(y, ix)
 
 
 @_unpartition.register_fake
-def _(y, gather, scatter, slot_window, group_size):
-    _check_devices("unpartition", y, gather=gather, scatter=scatter, slot_window=slot_window)
-    return y.new_empty((y.shape[0], scatter.shape[0], y.shape[2]))
+def _(y, index, group_size):
+    _check_partition_device("unpartition", y, index)
+    return y.new_empty((y.shape[0], index[1].shape[0], y.shape[2]))
 
 
 def _index_setup(ctx, inputs, output):
-    _, gather, scatter, slot_window, group_size = inputs
-    ctx.save_for_backward(gather, scatter, slot_window)
-    ctx.group_size = group_size
+    _, index, group_size = inputs
+    _save_index(ctx, index, (group_size,))
 
 
 def _partition_backward(ctx, grad):
-    gather, scatter, slot_window = ctx.saved_tensors
-    return torch.ops.greenmim.unpartition(grad, gather, scatter, slot_window, ctx.group_size), None, None, None, None
+    _, index = _saved(ctx)
+    return _grads(torch.ops.greenmim.unpartition(grad, index, *ctx.meta), scalars=1)
 
 
 def _unpartition_backward(ctx, grad):
-    gather, scatter, slot_window = ctx.saved_tensors
-    return torch.ops.greenmim.partition(grad, gather, scatter, slot_window, ctx.group_size), None, None, None, None
+    _, index = _saved(ctx)
+    return _grads(torch.ops.greenmim.partition(grad, index, *ctx.meta), scalars=1)
 
 
 torch.library.register_autograd(f"{_LIB}::partition", _partition_backward, setup_context=_index_setup)
@@ -236,10 +246,11 @@ torch.library.register_autograd(f"{_LIB}::unpartition", _unpartition_backward, s
 
 # ---- public API -----------------------------------------------------------------------------------
 
-def _resolve(q: Tensor, part, window: Optional[int], scale: Optional[float]):
+def _resolve(q: Tensor, part, window: Optional[int], scale: Optional[float]) -> Index:
+    """The partition with the attention's window and scale, as the library reads it."""
     w = part.window if window is None else int(window)
     s = float(q.shape[-1]) ** -0.5 if scale is None else float(scale)
-    return w, s
+    return Index(*Index.tensors(part), part.group_size, w, s)
 
 
 def _autocast(*ts: Tensor) -> List[Tensor]:
@@ -270,20 +281,17 @@ def group_window_attention(q: Tensor, k: Tensor, v: Tensor, bias_table: Optional
     ``window`` to the partition's (after Swin's small-stage rule). ``algo``: "auto", "simt" or
     "mma" (CUDA only; see kernels.h). On CPU "auto" runs torch's batched matmuls (the output of
     a window with a NaN or inf is computed again exactly) and "reference" the Eigen reference."""
-    w, s = _resolve(q, partition, window, scale)
+    ix = _resolve(q, partition, window, scale)
     _check_devices("attention", q, k=k, v=v, bias_table=bias_table)
-    _check_partition_device("attention", q, partition)
+    _check_partition_device("attention", q, ix)
     if _torch_cpu(q, algo):
-        _backend.check_inputs(q, k, v, bias_table, partition.gather, partition.scatter, partition.slot_window,
-                              partition.slot_coord, partition.group_size, w)
-        o = _cpu_attention.attention(q, k, v, bias_table, partition, w, s)
+        _backend.check_inputs(q, k, v, bias_table, ix)
+        o = _cpu_attention.attention(q, k, v, bias_table, partition, ix.window, ix.scale)
         if _cpu_attention.finite(o):     # else: the exact path isolates the NaN or inf
             return o
     algo = "auto" if algo == "reference" else algo
     q, k, v = _autocast(q, k, v)
-    o, _ = torch.ops.greenmim.attention_fwd(q, k, v, bias_table, partition.gather, partition.scatter,
-                                            partition.slot_window, partition.slot_coord, partition.group_size, w, s,
-                                            algo)
+    o, _ = torch.ops.greenmim.attention_fwd(q, k, v, bias_table, *ix.op_args(), algo)
     return o
 
 
@@ -292,33 +300,28 @@ def group_window_attention_packed(qkv: Tensor, bias_table: Optional[Tensor], par
                                   algo: str = "auto") -> Tensor:
     """As :func:`group_window_attention` on the packed ``[B, N, 3, heads, head_dim]`` projection
     (``qkv(x).view(B, N, 3, heads, head_dim)``): no copy in, one packed gradient out."""
-    w, s = _resolve(qkv, partition, window, scale)
+    ix = _resolve(qkv, partition, window, scale)
     _check_devices("attention", qkv, bias_table=bias_table)
-    _check_partition_device("attention", qkv, partition)
+    _check_partition_device("attention", qkv, ix)
     if _torch_cpu(qkv, algo):
         q, k, v = _split_packed(qkv)
-        _backend.check_inputs(q, k, v, bias_table, partition.gather, partition.scatter, partition.slot_window,
-                              partition.slot_coord, partition.group_size, w)
-        o = _cpu_attention.attention_packed(qkv, bias_table, partition, w, s)
+        _backend.check_inputs(q, k, v, bias_table, ix)
+        o = _cpu_attention.attention_packed(qkv, bias_table, partition, ix.window, ix.scale)
         if _cpu_attention.finite(o):     # else: the exact path isolates the NaN or inf
             return o
     algo = "auto" if algo == "reference" else algo
     (qkv,) = _autocast(qkv)
-    o, _ = torch.ops.greenmim.attention_packed_fwd(qkv, bias_table, partition.gather, partition.scatter,
-                                                   partition.slot_window, partition.slot_coord, partition.group_size,
-                                                   w, s, algo)
+    o, _ = torch.ops.greenmim.attention_packed_fwd(qkv, bias_table, *ix.op_args(), algo)
     return o
 
 
 def partition_tokens(x: Tensor, partition) -> Tensor:
     """Groups token features ``[B, N, C] -> [B, num_groups * G, C]`` (padding rows zero)."""
     _check_partition_device("partition", x, partition)
-    return torch.ops.greenmim.partition(x, partition.gather, partition.scatter, partition.slot_window,
-                                        partition.group_size)
+    return torch.ops.greenmim.partition(x, Index.tensors(partition), partition.group_size)
 
 
 def unpartition_tokens(y: Tensor, partition) -> Tensor:
     """Ungroups ``[B, num_groups * G, C] -> [B, N, C]`` (padding rows are never read)."""
     _check_partition_device("unpartition", y, partition)
-    return torch.ops.greenmim.unpartition(y, partition.gather, partition.scatter, partition.slot_window,
-                                          partition.group_size)
+    return torch.ops.greenmim.unpartition(y, Index.tensors(partition), partition.group_size)

@@ -150,15 +150,15 @@ def test_cpu_paths_agree_forward_and_backward():
 @pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck needs a newer torch")
 def test_opcheck_contracts():
     part, q, k, v, bias = _case(batch=None)
-    args = (q, k, v, bias, part.gather, part.scatter, part.slot_window, part.slot_coord, part.group_size, part.window,
-            0.5, "auto")
+    index = [part.gather, part.scatter, part.slot_window, part.slot_coord]
+    args = (q, k, v, bias, index, part.group_size, part.window, 0.5, "auto")
     torch.library.opcheck(torch.ops.greenmim.attention_fwd.default, args)
     qkv = torch.stack([q, k, v], 2).requires_grad_()
     torch.library.opcheck(torch.ops.greenmim.attention_packed_fwd.default,
                           (qkv, bias.requires_grad_(), *args[4:]))
     x = torch.randn(2, part.num_tokens, 3, dtype=torch.float64, requires_grad=True)
     torch.library.opcheck(torch.ops.greenmim.partition.default,
-                          (x, part.gather, part.scatter, part.slot_window, part.group_size))
+                          (x, index, part.group_size))
 
 
 def _raises(match, fn):
@@ -185,8 +185,8 @@ def test_bad_input_raises_clear_errors():
 
 def test_lse_output_and_scale():
     part, q, k, v, bias = _case()
-    o, lse = torch.ops.greenmim.attention_fwd(q, k, v, bias, part.gather, part.scatter, part.slot_window,
-                                              part.slot_coord, part.group_size, part.window, 0.3, "auto")
+    index = [part.gather, part.scatter, part.slot_window, part.slot_coord]
+    o, lse = torch.ops.greenmim.attention_fwd(q, k, v, bias, index, part.group_size, part.window, 0.3, "auto")
     torch.testing.assert_close(o, oracle_attention(q, k, v, bias, part, part.window, scale=0.3), rtol=1e-12,
                                atol=1e-12)
     assert lse.shape == q.shape[:3] and torch.isfinite(lse).all()
@@ -208,16 +208,15 @@ def test_a_plan_on_another_device_is_refused_by_every_op(plan_dev, data_dev):
     q, k, v, bias = (t.to(data_dev) for t in (q, k, v, bias))
     qkv = torch.stack([q, k, v], 2)
     x = q.flatten(2)
+    index = [p.gather, p.scatter, p.slot_window, p.slot_coord]
     calls = {
         "attention auto": lambda: greenmim.group_window_attention(q, k, v, bias, p),
         "attention reference": lambda: greenmim.group_window_attention(q, k, v, bias, p, algo="reference"),
         "packed": lambda: greenmim.group_window_attention_packed(qkv, bias, p),
         "partition": lambda: greenmim.partition_tokens(x, p),
         "unpartition": lambda: greenmim.unpartition_tokens(x.new_zeros(2, p.gather.numel(), x.shape[-1]), p),
-        "raw op": lambda: torch.ops.greenmim.attention_fwd(q, k, v, bias, p.gather, p.scatter, p.slot_window,
-                                                           p.slot_coord, p.group_size, p.window, 0.5, "auto"),
-        "raw partition op": lambda: torch.ops.greenmim.partition(x, p.gather, p.scatter, p.slot_window,
-                                                                 p.group_size),
+        "raw op": lambda: torch.ops.greenmim.attention_fwd(q, k, v, bias, index, p.group_size, p.window, 0.5, "auto"),
+        "raw partition op": lambda: torch.ops.greenmim.partition(x, index, p.group_size),
     }
     for what, call in calls.items():
         with pytest.raises(GreenmimError) as e:
