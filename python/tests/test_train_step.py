@@ -78,3 +78,15 @@ def test_simmim_twins_without_masking_is_timms_twins():
         torch.testing.assert_close(enc(x, none).reshape(2, 49, -1), m.forward_features(x))
         some = torch.rand(2, 56, 56) < 0.5
         assert not torch.allclose(enc(x, some), enc(x, none))
+
+
+def test_twins_ops_bench_smoke_on_cpu():
+    """bench/gpu/twins_ops.py (run.sh's Twins step) runs end to end; on the CPU its times mean nothing."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, str(ROOT / "bench/gpu/twins_ops.py"), "--device", "cpu", "--batch", "1",
+                          "--reps", "1", "--warmup", "0", "--keep", "0.25"], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [l for l in out.stdout.splitlines() if l.startswith("| ") and l[2].isalpha() and "| op |" not in l]
+    assert len(rows) == 3 * 6                     # 3 stages x (PEG: copy, masked dense; 2 block convs x 2 peers)
+    assert out.stdout.rstrip().endswith("twins_ops: done")
