@@ -33,32 +33,51 @@ def register_flop_formulas() -> None:
     g = torch.ops.greenmim
 
     def attention(q_shape, group_size, slot_window):
-        B, _, H, D = q_shape
+        B, _, H, D = q_shape          # slot_window: one entry per slot (num_groups * G)
         return 2 * 2 * B * H * D * slot_window[0] * group_size     # S = Q K^T, O = P V over each group
 
-    def both(*ops):
-        return [o for o in ops if o not in flop_registry]
+    def new(op) -> bool:
+        return op.default not in flop_registry
 
-    if g.attention_fwd.default not in flop_registry:
+    if new(g.attention_fwd):
         @register_flop_formula(g.attention_fwd)
-        def _(q, k, v, bias, gather, scatter, slot_window, *args, out_shape=None, **kw):
-            return attention(q, args[1], slot_window)
+        def _(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, *args, out_shape=None, **kw):
+            return attention(q, group_size, slot_window)
+
+        @register_flop_formula(g.attention_bwd)       # dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q
+        def _(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size, *args,
+              out_shape=None, **kw):
+            return 2 * attention(q, group_size, slot_window)
 
         @register_flop_formula(g.attention_packed_fwd)
         def _(qkv, bias, gather, scatter, slot_window, slot_coord, group_size, *args, out_shape=None, **kw):
             B, N, _, H, D = qkv
             return attention((B, N, H, D), group_size, slot_window)
 
+        @register_flop_formula(g.attention_packed_bwd)
+        def _(d_o, qkv, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size, *args, out_shape=None,
+              **kw):
+            B, N, _, H, D = qkv
+            return 2 * attention((B, N, H, D), group_size, slot_window)
+
         @register_flop_formula(g.depthwise_conv3x3_fwd)
         def _(x, nbr, weight, *args, out_shape=None, **kw):
             return 2 * 9 * x[0] * x[1] * x[2]
+
+        @register_flop_formula(g.depthwise_conv3x3_bwd)   # dx, and dweight when asked
+        def _(dy, x, nbr, weight, residual, need_dw, *args, out_shape=None, **kw):
+            return (2 if need_dw else 1) * 2 * 9 * x[0] * x[1] * x[2]
 
         @register_flop_formula(g.block_conv_fwd)
         def _(x, gather, weight, *args, out_shape=None, **kw):
             return 2 * x[0] * gather[0] * weight[0] * weight[1] * weight[2] * weight[3]
 
+        @register_flop_formula(g.block_conv_bwd)          # dA = dY W', and dW' = dY^T A when asked
+        def _(dy, x, gather, weight, need_dw, *args, out_shape=None, **kw):
+            return (2 if need_dw else 1) * 2 * x[0] * gather[0] * weight[0] * weight[1] * weight[2] * weight[3]
+
     cpu_sdpa = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    if cpu_sdpa is not None and both(cpu_sdpa.default):
+    if cpu_sdpa is not None and new(cpu_sdpa):
         @register_flop_formula(cpu_sdpa)
         def _(q, k, v, *args, out_shape=None, **kw):
             b, h, s_q, d = q

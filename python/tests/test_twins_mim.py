@@ -168,3 +168,32 @@ def test_simulate_twins_l_agrees_with_torch_stage_by_stage():
         assert dense[i] / 1e6 == pytest.approx(s["all"]["total"], abs=0.01), i
         assert vis[i] / 1e6 == pytest.approx(s["visible"]["total"], rel=5e-3), i
     assert sum(dense) / sum(vis) == pytest.approx(sim["total"]["flops_ratio"], rel=5e-3)
+
+
+def test_custom_op_formulas_count_what_torchs_path_computes():
+    """The FLOP formulas of greenmim's custom ops (reached with algo="reference" on the CPU)
+    equal torch's count of the same computation in torch's kernels (algo="auto"), forward and
+    backward, with and without weight gradients; the depthwise conv (no torch path) counts 9
+    multiply-adds per output, as many for dx, and for dweight when asked."""
+    from torch.utils.flop_counter import FlopCounterMode
+    flops.register_flop_formulas()
+    model = greenmim.VisibleTwins(embed_dims=(16, 32, 64, 128), num_heads=(1, 2, 4, 8), depths=(2, 2, 2, 2))
+    plan = model.plan(torch.rand(2, 56, 56) < 0.3)
+    st = plan.stages[0]
+    x = torch.randn(1, st.num_tokens, 16, requires_grad=True)
+    qkv = torch.randn(1, st.num_tokens, 3, 2, 8, requires_grad=True)
+
+    def count(f):
+        c = FlopCounterMode(display=False)
+        with c:
+            f().square().sum().backward()
+        return c.get_total_flops()
+    for weights_grad in (False, True):
+        w, b = torch.randn(32, 16, 2, 2, requires_grad=weights_grad), torch.randn(32, requires_grad=weights_grad)
+        for op in (lambda a: greenmim.group_window_attention_packed(qkv, None, st.partition, algo=a),
+                   lambda a: greenmim.block_conv(x, st.embed, w, b, algo=a)):
+            ref, auto = count(lambda: op("reference")), count(lambda: op("auto"))
+            assert ref == auto > 0
+        dw = torch.randn(16, 1, 3, 3, requires_grad=weights_grad)
+        got = count(lambda: greenmim.submanifold_depthwise_conv3x3(x, st.neighbors, dw, None))
+        assert got == (3 if weights_grad else 2) * 2 * 9 * st.num_tokens * 16     # forward, dx (, dweight)
