@@ -197,3 +197,18 @@ def test_custom_op_formulas_count_what_torchs_path_computes():
         dw = torch.randn(16, 1, 3, 3, requires_grad=weights_grad)
         got = count(lambda: greenmim.submanifold_depthwise_conv3x3(x, st.neighbors, dw, None))
         assert got == (3 if weights_grad else 2) * 2 * 9 * st.num_tokens * 16     # forward, dx (, dweight)
+
+
+def test_pretrain_cli_trains_the_twins_toy(tmp_path):
+    """`python -m greenmim.pretrain --model green_mim_twins_nano_patch4_dec128b1`: two steps with
+    per-sample masks planned in a loader worker, a checkpoint whose encoder is timm's Twins."""
+    from greenmim.pretrain import cli
+    argv = ["--model", NANO, "--batch_size", "2", "--epochs", "1", "--warmup_epochs", "0", "--lr", "1e-3",
+            "--max_steps", "2", "--output_dir", str(tmp_path), "--num_workers", "1", "--device", "cpu",
+            "--per_sample_masks"]
+    assert cli.main(argv) == 0
+    ckpt = torch.load(next(tmp_path.glob("checkpoint-*.pth")), map_location="cpu", weights_only=False)
+    enc = {k[len("encoder."):]: v for k, v in ckpt["model"].items() if k.startswith("encoder.")}
+    cfg = {k: v for k, v in greenmim.mim._ARCHS[NANO][1].items() if k != "img_size"}
+    ref = timm.models.twins.Twins(num_classes=0, **cfg)
+    ref.load_state_dict(enc, strict=True)
