@@ -212,3 +212,34 @@ def test_pretrain_cli_trains_the_twins_toy(tmp_path):
     cfg = {k: v for k, v in greenmim.mim._ARCHS[NANO][1].items() if k != "img_size"}
     ref = timm.models.twins.Twins(num_classes=0, **cfg)
     ref.load_state_dict(enc, strict=True)
+
+
+@pytest.mark.parametrize("which", ["nano", "large"])
+def test_export_loads_in_timms_twins(tmp_path, which):
+    """greenmim.export on a Twins checkpoint: timm's preset for Twins-L (no kwargs), the
+    checkpoint's config for the toy; timm's Twins then equals ours with every token visible."""
+    from greenmim import export
+    name = NANO if which == "nano" else LARGE
+    if which == "nano":
+        model = _model()
+    else:
+        with torch.device("meta"):
+            model = greenmim.create_model(name)
+        model = _randomised(model.to_empty(device="cpu")).double()
+    src = {"model": model.state_dict(), "config": model.config}
+    timm_name, kw = export.export(src, str(tmp_path / "t.pth"), num_classes=0 if which == "large" else 1000)
+    assert (timm_name, kw) == ("twins_svt_large", {"num_classes": 0}) if which == "large" else \
+        (timm_name == "twins_svt_small" and kw["embed_dims"] == (32, 64, 128, 256) and kw["num_heads"] == (1, 2, 4, 8))
+    if which == "large":                         # a forward of Twins-L in float64 is slow: the weights suffice
+        ref = timm.create_model(timm_name, pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / "t.pth")),
+                                **kw)
+        for k, v in ref.state_dict().items():
+            assert torch.equal(v.double(), model.state_dict()["encoder." + k]), k
+        return
+    ref = timm.create_model(timm_name, pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / "t.pth")),
+                            **kw).double().eval()
+    x = torch.randn(2, 3, 224, 224, dtype=torch.float64)
+    with torch.no_grad():
+        got = model.encoder.forward_features(x, model.plan(torch.ones(7, 7, dtype=torch.bool)))
+        torch.testing.assert_close(got, ref.forward_features(x), rtol=1e-9, atol=1e-9)
+    assert ref.head.weight.shape == (1000, 256)
