@@ -241,6 +241,65 @@ TEST_CASE("block table refuses a partly visible block, never merges it") {
   CHECK(build_block_table(56, 56, 2, span<const index_t>(c), b) == status::misaligned);
 }
 
+TEST_CASE("block_rule::any: an output per block with a visible input, masked inputs pad_index (brute force)") {
+  std::mt19937 g(5);
+  for (index_t s : {index_t(1), index_t(2), index_t(4), index_t(8)})
+    for (double keep : {0.05, 0.3, 0.7, 1.0}) {
+      const index_t H = 16, W = 24;
+      std::vector<std::vector<index_t>> samples{random_coords(g, H, W, keep), random_coords(g, H, W, keep), {}};
+      std::vector<index_t> cu{0}, flat;
+      for (const auto& c : samples) {
+        flat.insert(flat.end(), c.begin(), c.end());
+        cu.push_back(static_cast<index_t>(flat.size()));
+      }
+      block_table b;
+      REQUIRE(build_block_table_per_sample(H, W, s, span<const index_t>(cu), span<const index_t>(flat), b,
+                                           block_rule::any) == status::success);
+      REQUIRE(b.next_cu_seqlens.size() == samples.size() + 1);
+      std::vector<char> used(flat.size(), 0);
+      for (size_t i = 0; i < samples.size(); ++i) {
+        std::vector<index_t> want;  // blocks with a visible input, row-major
+        for (index_t bh = 0; bh < H / s; ++bh)
+          for (index_t bw = 0; bw < W / s; ++bw) {
+            bool any = false;
+            for (index_t p = 0; p < s * s; ++p)
+              any |= find_token(samples[i], 0, block_h(s, bh, p), block_w(s, bw, p)) != pad_index;
+            if (any) want.push_back(pack_coord(bh, bw));
+          }
+        const index_t first = b.next_cu_seqlens[i], n = b.next_cu_seqlens[i + 1] - first;
+        REQUIRE(n == static_cast<index_t>(want.size()));
+        for (index_t j = 0; j < n; ++j) {
+          REQUIRE(b.next_coords[first + j] == want[j]);
+          for (index_t p = 0; p < s * s; ++p) {
+            const index_t t = b.gather[(first + j) * s * s + p];
+            REQUIRE(t == find_token(samples[i], cu[i], block_h(s, coord_h(want[j]), p),
+                                    block_w(s, coord_w(want[j]), p)));
+            if (t != pad_index) used[t]++;
+          }
+        }
+      }
+      for (char u : used) REQUIRE(u == 1);  // every visible token in exactly one block
+      // aligned sets: the two rules give the same table
+      if (keep == 1.0) {
+        block_table whole;
+        REQUIRE(build_block_table_per_sample(H, W, s, span<const index_t>(cu), span<const index_t>(flat), whole) ==
+                status::success);
+        CHECK(whole.gather == b.gather);
+        CHECK(whole.next_coords == b.next_coords);
+      }
+    }
+  // the shared-mask builder under the same rule: a partly visible 4x4 block is one output with one hole
+  std::vector<index_t> c;
+  for (index_t h = 0; h < 4; ++h)
+    for (index_t w = 0; w < 4; ++w)
+      if (h != 3 || w != 3) c.push_back(pack_coord(h, w));
+  block_table b;
+  REQUIRE(build_block_table(8, 8, 4, span<const index_t>(c), b, block_rule::any) == status::success);
+  REQUIRE(b.num_outputs() == 1);
+  CHECK(b.gather[15] == pad_index);
+  CHECK(std::count(b.gather.begin(), b.gather.end(), pad_index) == 1);
+}
+
 TEST_CASE("per-sample block table: cu_seqlens of the next stage, each sample as if alone") {
   mask_config cfg;
   std::vector<index_t> cu{0}, flat;

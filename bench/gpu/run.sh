@@ -3,7 +3,8 @@
 # the GPU benchmark (Swin-B stages 1-3 at window 7, and stage 1 of Swin-B window 14 and Swin V2-B
 # window 16, where the tensor-core forward's query tiles run next to SIMT; batch 128, bf16), when
 # PyTorch imports the PyTorch baselines (released-code path and FlexAttention) on the window-7
-# partitions, and last
+# partitions, Twins' convolutions (bench/gpu/twins_ops.py), the training step of Swin-B/L and
+# Twins-L (bench/gpu/train_step.py), and last
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on a small test subset.
 #
 # Usage (from anywhere):  bench/gpu/run.sh
@@ -114,7 +115,8 @@ run_step "configure" "$GM_LOG/build.log" cmake -S . -B "$BUILD_DIR" -DCMAKE_BUIL
   -DGREENMIM_BUILD_TOOLS=OFF -DGREENMIM_BUILD_BENCH=ON -DGREENMIM_BUILD_EXAMPLES=OFF "${GM_CMAKE_ARGS[@]}" || GM_BUILD_OK=0
 if [ "$GM_BUILD_OK" -eq 1 ]; then
   run_step "build" "$GM_LOG/build.log" cmake --build "$BUILD_DIR" -j "$JOBS" \
-    --target greenmim_kernels greenmim_gpu_tests greenmim_gpu_bench greenmim_python_libs || GM_BUILD_OK=0
+    --target greenmim_kernels greenmim_gpu_tests greenmim_gpu_bench greenmim_conv_gpu_bench greenmim_python_libs \
+    || GM_BUILD_OK=0
 fi
 GM_TESTS="$BUILD_DIR/bin/greenmim_gpu_tests"
 GM_BENCH="$BUILD_DIR/bin/greenmim_gpu_bench"
@@ -132,6 +134,12 @@ fi
 # ---- benchmark ----------------------------------------------------------------------------------------
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ -x "$GM_BENCH" ]; then
   run_step "gpu bench" "$GM_LOG/bench.log" "$GM_BENCH" --batch "$BATCH" --csv "$GM_LOG/bench_gpu.csv" --json-dir "$GM_SCRATCH"
+fi
+
+# the conv kernels alone (PEG, GSA sub-sampling, patch embedding at Twins-L shapes; C ABI, no torch)
+GM_CONV_BENCH="$BUILD_DIR/bin/greenmim_conv_gpu_bench"
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ -x "$GM_CONV_BENCH" ]; then
+  run_step "conv gpu bench" "$GM_LOG/conv_bench.log" "$GM_CONV_BENCH" --batch 64
 fi
 
 # ---- Python steps ---------------------------------------------------------------------------------------
@@ -166,6 +174,10 @@ else
   say "torch baselines: no partition JSON (benchmark did not run), skipped"
 fi
 
+# Twins' convolutions on visible tokens against copy bandwidth, cuBLAS and cuDNN (dense and
+# masked dense), Twins-L shapes at 25% and 40% visible units
+py_step "twins ops" "$GM_LOG/twins_ops.log" bench/gpu/twins_ops.py --batch 64 --csv "$GM_LOG/twins_ops.csv"
+
 # The PyTorch package (python/) on the GPU: its tests (CUDA ones included), then the training-step
 # claim (bench/gpu/train_step.py: SimMIM all-token Swin vs greenmim, Swin-B and Swin-L, batch 128).
 export PYTHONPATH="$GM_ROOT/python${PYTHONPATH:+:$PYTHONPATH}" GREENMIM_LIB_DIR="$BUILD_DIR/lib"
@@ -174,7 +186,7 @@ if [ "$GM_HAVE_TORCH" -eq 1 ] && ! env "${GM_PY_ENV[@]}" "$PYTHON" -c "import py
 else
   py_step "python tests" "$GM_LOG/python_tests.log" -m pytest -q -rs -p no:cacheprovider python/tests
 fi
-for gm_model in swin_base_patch4_window7_224 swin_large_patch4_window7_224; do
+for gm_model in swin_base_patch4_window7_224 swin_large_patch4_window7_224 twins_svt_large; do
   py_step "train step ${gm_model%%_patch*}" "$GM_LOG/train_step.log" bench/gpu/train_step.py --model "$gm_model" \
     --batch "$BATCH" --csv "$GM_LOG/train_step_${gm_model%%_patch*}.csv"
   # the whole pretraining models (GreenMIM vs SimMIM with their decoders and losses)
@@ -231,6 +243,9 @@ fi
   echo
   echo "## PyTorch baselines"
   sed -n '/^| path |/,$p' "$GM_LOG/torch_bench.log" 2>/dev/null | grep '^|' || echo "(not run)"
+  echo
+  echo "## Twins ops (bench/gpu/twins_ops.py)"
+  sed -n '/^| op |/,$p' "$GM_LOG/twins_ops.log" 2>/dev/null | grep '^|' || echo "(not run)"
   echo
   echo "## Training step (bench/gpu/train_step.py)"
   grep -E '^(== train step|\| (row|simmim|greenmim|per-sample|released) |per-sample /|released /)' \

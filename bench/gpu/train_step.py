@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""The paper's claim, measured: one pretraining step of a Swin encoder on masked images.
+"""The paper's claim, measured: one pretraining step of a Swin or Twins encoder on masked images.
 
 Rows (encoder forward + backward + AdamW step; bf16 autocast on CUDA; the loss is the mean
 square of the encoder's output; with --full, each row is the whole pretraining model):
-  simmim      timm's SwinTransformer on all tokens, masked patches replaced by a mask token
+  simmim      timm's SwinTransformer (Twins) on all tokens, masked patches replaced by a mask token
   greenmim    our visible-token encoder, greenmim's ops, one mask shared by the batch
   per-sample  the same with a different mask per sample, packed across the batch
   released    our visible-token encoder with the released attention path in plain PyTorch
@@ -18,7 +18,9 @@ step time. Prints a table (median step time after warm-up, peak memory), the rat
 sets as targets, and a per-stage breakdown like the paper's appendix table.
 
     python bench/gpu/train_step.py --model swin_base_patch4_window7_224 --batch 128 [--full]
+    python bench/gpu/train_step.py --model twins_svt_large --batch 128 [--full]   # Twins (no breakdown)
     python bench/gpu/train_step.py --cpu          # the --full rows for a toy Swin on this CPU
+    python bench/gpu/train_step.py --cpu --model toy-twins     # ... for a toy Twins
     python bench/gpu/train_step.py --toy          # CPU, tiny model, 1 step: the CI smoke run
 """
 from __future__ import annotations
@@ -42,6 +44,11 @@ MODELS = {  # name: (architecture kwargs, image size, window, Swin V2)
     "toy": (dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)), 224, 7, False),
     "toy-v2": (dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)), 256, 8, True),
 }
+# Twins: name -> (architecture kwargs, image size); windows 7, sr 8/4/2/1 (timm's defaults)
+TWINS = {
+    "twins_svt_large": (dict(embed_dims=(128, 256, 512, 1024), depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)), 224),
+    "toy-twins": (dict(embed_dims=(32, 64, 128, 256), depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)), 224),
+}
 ROWS = ("simmim", "greenmim", "per-sample", "released")
 
 
@@ -60,6 +67,36 @@ class SimMIMSwin(nn.Module):
         w = masked.unsqueeze(-1).to(x.dtype)
         x = x * (1 - w) + self.mask_token.to(x.dtype) * w
         return self.swin.norm(self.swin.layers(x))
+
+
+class SimMIMTwins(nn.Module):
+    """The same for timm's Twins: masked patch embeddings of stage 1 replaced by a mask token,
+    then timm's stages on all tokens (``Twins.forward_features`` from its first PEG on).
+    Returns ``[B, h, w, C]`` like :class:`SimMIMSwin`."""
+
+    def __init__(self, timm_model: nn.Module, dim: int):
+        super().__init__()
+        self.twins = timm_model
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, dim))
+        nn.init.trunc_normal_(self.mask_token, std=0.02)
+
+    def forward(self, img: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+        t, B = self.twins, img.shape[0]
+        x = img
+        for i, (embed, drop, blocks, peg) in enumerate(zip(t.patch_embeds, t.pos_drops, t.blocks, t.pos_block)):
+            x, size = embed(x)
+            if i == 0:
+                w = masked.reshape(B, -1, 1).to(x.dtype)
+                x = x * (1 - w) + self.mask_token.to(x.dtype) * w
+            x = drop(x)
+            for j, blk in enumerate(blocks):
+                x = blk(x, size)
+                if j == 0:
+                    x = peg(x, size)
+            x = x.reshape(B, *size, -1)
+            if i < len(t.blocks) - 1:
+                x = x.permute(0, 3, 1, 2).contiguous()
+        return t.norm(x)
 
 
 class SimMIM(nn.Module):
@@ -94,7 +131,23 @@ def unit_masks(batch: int, per_sample: bool, ratio: float, gen: torch.Generator,
     return greenmim.random_masks(batch if per_sample else None, grid=grid, ratio=ratio, generator=gen)
 
 
+def make_twins_row(row: str, cfg: dict, args, device):
+    width = cfg["embed_dims"][-1]
+    if row == "simmim":
+        import timm
+        m = timm.models.twins.Twins(img_size=args.img, num_classes=0, wss=(7, 7, 7, 7), drop_path_rate=0.0, **cfg)
+        enc = SimMIMTwins(m, cfg["embed_dims"][0])
+        return (SimMIM(enc, width) if args.full else enc).to(device)
+    enc = greenmim.VisibleTwins(img_size=args.img, attn_impl="released" if row == "released" else "greenmim", **cfg)
+    if not args.full:
+        return enc.to(device)
+    dec = dict(decoder_embed_dim=128, decoder_num_heads=4) if cfg["embed_dims"][0] <= 32 else {}
+    return greenmim.GreenMIM(enc, **dec).to(device)
+
+
 def make_row(row: str, cfg: dict, args, device):
+    if args.twins:
+        return make_twins_row(row, cfg, args, device)
     width = cfg["embed_dim"] << (len(cfg["depths"]) - 1)
     if row == "simmim":
         import timm
@@ -211,7 +264,7 @@ def breakdown(cfg: dict, args, device) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="swin_base_patch4_window7_224", choices=sorted(MODELS))
+    ap.add_argument("--model", default="swin_base_patch4_window7_224", choices=sorted(MODELS) + sorted(TWINS))
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--img", type=int, default=None, help="image size (default: the model's)")
     ap.add_argument("--ratio", type=float, default=0.75)
@@ -226,20 +279,27 @@ def main(argv=None) -> int:
     ap.add_argument("--toy", action="store_true", help="tiny model, batch 2, 2 steps, CPU: a smoke run")
     ap.add_argument("--full", action="store_true", help="whole pretraining models (encoder, decoder, loss)")
     ap.add_argument("--cpu", action="store_true",
-                    help="--full rows for a toy Swin (embed 32) at batch 16 on this CPU, no breakdown")
+                    help="--full rows for a toy Swin (embed 32; a Twins model: toy-twins) at batch 16 on this CPU, "
+                         "no breakdown")
     args = ap.parse_args(argv)
+    args.twins = args.model in TWINS
     if args.cpu:
-        args.model, args.full, args.device, args.no_breakdown = "toy", True, "cpu", True
+        args.model = "toy-twins" if args.twins else "toy"
+        args.full, args.device, args.no_breakdown = True, "cpu", True
         args.batch = args.batch if args.batch != 128 else 16
     if args.toy:
-        args.model = "toy-v2" if MODELS[args.model][3] else "toy"
+        args.model = "toy-twins" if args.twins else ("toy-v2" if MODELS[args.model][3] else "toy")
         args.batch, args.steps, args.warmup, args.reps, args.device = 2, 1, 1, 1, "cpu"
     rows = [r for r in args.rows.split(",") if r]
     bad = [r for r in rows if r not in ROWS]
     if bad:
         ap.error(f"unknown rows {bad}; choose from {ROWS}")
     device = torch.device(args.device)
-    cfg, img, args.window, args.v2 = MODELS[args.model]
+    if args.twins:
+        (cfg, img), args.window, args.v2 = TWINS[args.model], 7, False
+        args.no_breakdown = True                 # the breakdown times Swin's attention stages only
+    else:
+        cfg, img, args.window, args.v2 = MODELS[args.model]
     args.img = args.img or img
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"== train step{' (whole models)' if args.full else ''}: {args.model}, batch {args.batch}, {args.img} px, ratio {args.ratio}, "

@@ -32,8 +32,13 @@
 //!    minor) gives the im2col matrix A [N_next, s*s*C_in]; the dense weight
 //!    `W[C_out, C_in, s, s]` enters as `W.permute(0, 2, 3, 1).reshape(C_out, s*s*C_in)` =: W',
 //!    and `y = A W'^T + bias`. Outputs (the next stage's visible tokens) come in row-major order
-//!    of the block grid. A block that is partly visible is refused with `status::misaligned`:
-//!    it is never merged wrongly. The grid must be divisible by s (Twins-L at 224 px: 56/8,
+//!    of the block grid. Which output cells exist is the builder's `block_rule`:
+//!    `block_rule::whole` (the default) keeps the wholly visible blocks and refuses a partly
+//!    visible one with `status::misaligned` (it is never merged wrongly); `block_rule::any` keeps
+//!    every block with at least one visible input, spconv's rule for a strided sparse conv, and
+//!    marks its masked inputs `pad_index` (they read as zero: the output equals the dense conv
+//!    over the zero-filled grid at that cell). With a mask unit that is a multiple of s the two
+//!    rules give the same table. The grid must be divisible by s (Twins-L at 224 px: 56/8,
 //!    28/4, 14/2, all exact).
 //!
 //! Token axes as everywhere in greenmim: one shared mask (token t = `coords[t]`, the same table
@@ -73,6 +78,12 @@ GREENMIM_HOST_DEVICE constexpr index_t block_h(index_t s, index_t bh, index_t p)
 GREENMIM_HOST_DEVICE constexpr index_t block_w(index_t s, index_t bw, index_t p) { return s * bw + p % s; }
 
 // ---- tables ------------------------------------------------------------------------------------
+
+//! Which output cells of a kernel = stride block conv exist (see the file comment).
+enum class block_rule : std::uint8_t {
+  whole,  //!< wholly visible blocks only; a partly visible block is refused (`status::misaligned`)
+  any,    //!< every block with a visible input (spconv); its masked inputs are `pad_index` (zero)
+};
 
 //! Submanifold neighbour table (see the file comment). `nbr[t * taps() + o]`.
 struct neighbor_table {
@@ -163,10 +174,12 @@ inline status neighbors_one(index_t height, index_t width, index_t k, span<const
 
 //! Blocks of one sample; appends to gather/next. `count` is scratch of (height/s)*(width/s)
 //! entries, all 0 on entry and on return: visible tokens per block, so a block is read only when
-//! it is wholly visible and the partly visible ones are found in O(N + blocks).
+//! it has a visible token and the partly visible ones are found in O(N + blocks). Under
+//! `block_rule::whole` a partly visible block fails with `misaligned`; under `block_rule::any` it
+//! is read like a whole one (its masked cells hold `pad_index`).
 inline status blocks_one(index_t height, index_t width, index_t s, span<const index_t> coords, index_t first,
                          std::vector<index_t>& grid, std::vector<index_t>& count, std::vector<index_t>& gather,
-                         std::vector<index_t>& next) {
+                         std::vector<index_t>& next, block_rule rule) {
   std::int64_t placed = 0;
   status st = place_tokens(height, width, coords, first, grid, placed);
   const index_t bw_n = width / s, ss = s * s;
@@ -176,7 +189,7 @@ inline status blocks_one(index_t height, index_t width, index_t s, span<const in
       for (index_t bw = 0; bw < bw_n; ++bw) {
         const index_t c = count[bh * bw_n + bw];
         if (c == 0) continue;
-        if (c != ss) { st = status::misaligned; break; }
+        if (c != ss && rule == block_rule::whole) { st = status::misaligned; break; }
         for (index_t i = 0; i < s; ++i) {
           const index_t* row = grid.data() + static_cast<std::int64_t>(s * bh + i) * width + s * bw;
           gather.insert(gather.end(), row, row + s);
@@ -272,12 +285,13 @@ inline status transpose_neighbor_table(const neighbor_table& in, neighbor_table&
 
 //! Block table of one token set (shared mask): kernel = stride = `s`, grid divisible by s.
 //! Fails with `invalid_argument` (bad grid, s outside [1, 64] or not dividing the grid, two
-//! tokens at one coordinate), `out_of_range`, `misaligned` (a block partly visible), `overflow`;
-//! `out` untouched on failure. With a visible token set aligned to s, every visible token lands in
-//! exactly one block. O(height * width + N) (the
-//! scratch grid's fill; the work itself is O(N + blocks)).
+//! tokens at one coordinate), `out_of_range`, `misaligned` (a block partly visible under
+//! `block_rule::whole`), `overflow`; `out` untouched on failure. Every visible token lands in
+//! exactly one block (with `block_rule::whole`, when the token set is aligned to s). Under
+//! `block_rule::any` a partly visible block is an output whose masked inputs are `pad_index`.
+//! O(height * width + N) (the scratch grid's fill; the work itself is O(N + blocks)).
 inline status build_block_table(index_t height, index_t width, index_t s, span<const index_t> coords,
-                                block_table& out) {
+                                block_table& out, block_rule rule = block_rule::whole) {
   if (status st = detail::check_block_args(height, width, s); st != status::success) return st;
   if (!detail::fits_index(coords.size())) return status::overflow;
   block_table r;
@@ -287,7 +301,7 @@ inline status build_block_table(index_t height, index_t width, index_t s, span<c
   r.next_coords.reserve(static_cast<size_t>(coords.size() / (s * s)));
   std::vector<index_t> grid(static_cast<size_t>(height) * width, pad_index);
   std::vector<index_t> count(static_cast<size_t>(height / s) * (width / s), 0);
-  if (status st = detail::blocks_one(height, width, s, coords, 0, grid, count, r.gather, r.next_coords);
+  if (status st = detail::blocks_one(height, width, s, coords, 0, grid, count, r.gather, r.next_coords, rule);
       st != status::success)
     return st;
   r.next_cu_seqlens = {0, r.num_outputs()};
@@ -300,7 +314,8 @@ inline status build_block_table(index_t height, index_t width, index_t s, span<c
 //! sample), `out.gather` indexes the input flat axis. `cu_seqlens` as in
 //! `build_neighbor_table_per_sample`. O(B + height * width + N).
 inline status build_block_table_per_sample(index_t height, index_t width, index_t s, span<const index_t> cu_seqlens,
-                                           span<const index_t> coords, block_table& out) {
+                                           span<const index_t> coords, block_table& out,
+                                           block_rule rule = block_rule::whole) {
   if (status st = detail::check_block_args(height, width, s); st != status::success) return st;
   if (status st = detail::check_cu_seqlens(cu_seqlens, coords.size()); st != status::success) return st;
   if (!detail::fits_index(coords.size())) return status::overflow;
@@ -314,7 +329,8 @@ inline status build_block_table_per_sample(index_t height, index_t width, index_
   std::vector<index_t> count(static_cast<size_t>(height / s) * (width / s), 0);
   for (std::int64_t b = 0; b < batch; ++b) {
     const span<const index_t> sample = coords.subspan(cu_seqlens[b], cu_seqlens[b + 1] - cu_seqlens[b]);
-    if (status st = detail::blocks_one(height, width, s, sample, cu_seqlens[b], grid, count, r.gather, r.next_coords);
+    if (status st =
+            detail::blocks_one(height, width, s, sample, cu_seqlens[b], grid, count, r.gather, r.next_coords, rule);
         st != status::success)
       return st;
     r.next_cu_seqlens[b + 1] = r.num_outputs();

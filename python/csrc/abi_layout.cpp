@@ -24,6 +24,16 @@ const gmh_abi_entry layout[] = {
     GREENMIM_ABI_STRUCT(gmh_encoder_args, visible, num_masks, mask_height, mask_width, per_sample, grid, window,
                         num_stages, embed_dim, strategy, group_size, max_group_size)
     GREENMIM_ABI_STRUCT(gmh_encoder_info, num_stages, num_masks, arena_size, build_us, stage)
+    GREENMIM_ABI_STRUCT(gmh_twins_stage, height, width, num_tokens, num_keys, max_tokens, max_keys, uniform, key_holes,
+                        embed_holes, reserved, lsa, position, cu_seqlens, neighbors, keys, key_cu_seqlens, query_slot,
+                        key_gather, embed, unit_rank)
+    GREENMIM_ABI_STRUCT(gmh_twins_args, visible, num_masks, mask_height, mask_width, per_sample, grid, num_stages,
+                        window, sr_ratio, channels, strategy, group_size, max_group_size)
+    GREENMIM_ABI_STRUCT(gmh_twins_info, num_stages, num_masks, arena_size, build_us, stage)
+    GREENMIM_ABI_STRUCT(gmh_conv_table_args, visible, num_masks, height, width, per_sample, kind, size)
+    GREENMIM_ABI_STRUCT(gmh_conv_table_info, num_inputs, num_outputs, row, holes)
+    GREENMIM_ABI_STRUCT(gmh_conv_args, dtype, x, y, dy, dx, weight, bias, dweight, dbias, table, table_size, size,
+                        residual)
 };
 }  // namespace
 

@@ -1,6 +1,7 @@
 /*! \file greenmim_host.h
  *  A plain C ABI over greenmim's host side: stage planning and partition indices from a mask,
- *  patch-merging indices, and the CPU reference attention (float32/float64). It is what the
+ *  patch-merging indices, Twins' plans and sparse-conv tables, and the CPU reference attention
+ *  and convolutions (float32/float64). It is what the
  *  PyTorch package calls through ctypes (python/greenmim/_lib.py), so the package needs no C++
  *  extension built against torch: one build serves every torch version (docs/design.md).
  *
@@ -20,7 +21,7 @@
 extern "C" {
 #endif
 
-#define GMH_ABI_VERSION 3
+#define GMH_ABI_VERSION 4
 
 enum {
   GMH_OK = 0,
@@ -179,6 +180,105 @@ void gmh_encoder_planner_destroy(gmh_encoder_planner* planner);
 int gmh_encoder_plan_prepare(gmh_encoder_planner* planner, const gmh_encoder_args* args, gmh_encoder_info* info);
 /*! Writes the arena of the planner's last successful prepare (info.arena_size int32 entries). */
 int gmh_encoder_plan_write(const gmh_encoder_planner* planner, int32_t* arena);
+
+/* ---- Twins plan: every stage of a Twins-SVT encoder for one mask, in one arena (twins_plan.hpp) */
+
+/*! One stage of a Twins plan. Counts are per sample with a shared mask, of the whole flat axis
+ *  with per-sample masks. */
+typedef struct gmh_twins_stage {
+  int32_t height, width, num_tokens, num_keys;
+  int32_t max_tokens, max_keys; /*!< the largest sample's tokens and GSA keys */
+  int32_t uniform;              /*!< every sample has max_tokens tokens and max_keys keys */
+  int32_t key_holes, embed_holes; /*!< a GSA / patch-embedding block is partly visible (-1 entries) */
+  int32_t reserved;
+  gmh_plan_partition lsa;     /*!< the LSA windows (never shifted) */
+  gmh_range position;         /*!< [N] flat position: h*W + w, or b*H*W + h*W + w per sample */
+  gmh_range cu_seqlens;       /*!< [M+1] per-sample token offsets; empty with a shared mask */
+  gmh_range neighbors;        /*!< [N*9] PEG 3x3 neighbour table, -1 = masked or outside */
+  gmh_range keys;             /*!< [K*sr*sr] GSA sub-sampling block table (sr > 1); empty at sr 1 */
+  gmh_range key_cu_seqlens;   /*!< [M+1] per-sample key offsets; empty with a shared mask */
+  gmh_range query_slot;       /*!< [N] slot of each token in [M, max_tokens] (per sample, not uniform) */
+  gmh_range key_gather;       /*!< [M*max_keys] key of each padded slot or -1 (per sample, not uniform) */
+  gmh_range embed;            /*!< [N_next*4] patch-embedding block table to the next stage; empty last */
+  gmh_range unit_rank;        /*!< last stage, [M*H*W]: rank among visible (>= 0), or -1 - rank among masked */
+} gmh_twins_stage;
+
+/*! A square Twins encoder under a mask (`visible` as in gmh_encoder_args). Stage s has a
+ *  grid >> s grid, LSA windows window[s] and GSA sub-sampling sr_ratio[s] (both dividing the
+ *  grid), channels[s] for the cost model. strategy, group_size, max_group_size as
+ *  gmh_encoder_args. Block convs keep every block with a visible input (spconv's rule). */
+typedef struct gmh_twins_args {
+  const uint8_t* visible;
+  int32_t num_masks, mask_height, mask_width, per_sample;
+  int32_t grid, num_stages;
+  int32_t window[GMH_MAX_STAGES], sr_ratio[GMH_MAX_STAGES], channels[GMH_MAX_STAGES];
+  int32_t strategy, group_size, max_group_size;
+} gmh_twins_args;
+
+typedef struct gmh_twins_info {
+  int32_t num_stages, num_masks;
+  int64_t arena_size; /*!< int32 entries */
+  double build_us;
+  gmh_twins_stage stage[GMH_MAX_STAGES];
+} gmh_twins_info;
+
+typedef struct gmh_twins_planner gmh_twins_planner; /*!< opaque, reused: one per thread */
+
+int gmh_twins_planner_create(gmh_twins_planner** out);
+void gmh_twins_planner_destroy(gmh_twins_planner* planner);
+/*! Plans every stage and lays out the arena (*info: its size and every array's range). */
+int gmh_twins_plan_prepare(gmh_twins_planner* planner, const gmh_twins_args* args, gmh_twins_info* info);
+/*! Writes the arena of the planner's last successful prepare. */
+int gmh_twins_plan_write(const gmh_twins_planner* planner, int32_t* arena);
+
+/* ---- Sparse-conv tables of one stage mask (sparse_conv.hpp) ----------------------------------- */
+
+enum { GMH_NEIGHBOR_TABLE = 0, GMH_BLOCK_TABLE = 1 };
+
+/*! `visible` [num_masks, height, width] uint8 at token resolution (per_sample = 0 needs
+ *  num_masks == 1). kind GMH_NEIGHBOR_TABLE: the k x k submanifold table (size = k, odd);
+ *  GMH_BLOCK_TABLE: the kernel = stride = size block table, every block with a visible input an
+ *  output (spconv's rule; masked inputs -1). */
+typedef struct gmh_conv_table_args {
+  const uint8_t* visible;
+  int32_t num_masks, height, width, per_sample;
+  int32_t kind, size;
+} gmh_conv_table_args;
+
+typedef struct gmh_conv_table_info {
+  int32_t num_inputs;  /*!< N: visible tokens (the flat axis with per-sample masks) */
+  int32_t num_outputs; /*!< N for a neighbour table, N_next for a block table */
+  int32_t row;         /*!< entries per output: k*k or s*s */
+  int32_t holes;       /*!< a -1 entry in a block table (a partly visible block) */
+} gmh_conv_table_info;
+
+typedef struct gmh_conv_table gmh_conv_table; /*!< opaque: the built table */
+
+int gmh_conv_table_build(const gmh_conv_table_args* args, gmh_conv_table** out, gmh_conv_table_info* info);
+/*! Copies table [num_outputs*row], the outputs' per-sample offsets [num_masks+1] and flat
+ *  positions [num_outputs] (b*H'*W' + h*W' + w on the output grid); any pointer may be NULL. */
+int gmh_conv_table_copy(const gmh_conv_table* table, int32_t* entries, int32_t* out_cu_seqlens, int32_t* out_position);
+void gmh_conv_table_free(gmh_conv_table* table);
+
+/* ---- CPU reference convolutions on visible tokens (greenmim/reference/conv.hpp) ---------------- */
+
+/*! x, y, dy, dx [B, N, C] (any strides); weight [C, k*k] (depthwise) or [C_out, C_in, s, s]
+ *  (block), bias / dbias [C_out] contiguous (data NULL = none), dweight like weight (data NULL =
+ *  skipped), all of `dtype`. `table` holds table_size int32 entries ([N, k*k] or [N_next, s*s]).
+ *  Gradients are overwritten. residual: the depthwise conv adds x (dy to dx). */
+typedef struct gmh_conv_args {
+  int32_t dtype;
+  gmh_tensor x, y, dy, dx, weight, bias, dweight, dbias;
+  const int32_t* table;
+  int64_t table_size;
+  int32_t size;     /*!< kernel k or stride s */
+  int32_t residual;
+} gmh_conv_args;
+
+int gmh_depthwise_conv_fwd(const gmh_conv_args* args);
+int gmh_depthwise_conv_bwd(const gmh_conv_args* args);
+int gmh_block_conv_fwd(const gmh_conv_args* args);
+int gmh_block_conv_bwd(const gmh_conv_args* args);
 
 /* ---- CPU reference grouped window attention (greenmim/reference/attention.hpp) -------------- */
 

@@ -189,12 +189,76 @@ class EncoderInfo(ctypes.Structure):
                 ("stage", PlanStage * GMH_MAX_STAGES)]
 
 
+@abi_struct("gmh_twins_stage")
+class TwinsStage(ctypes.Structure):
+    """gmh_twins_stage."""
+    _fields_ = [(n, c_int32) for n in ("height", "width", "num_tokens", "num_keys", "max_tokens", "max_keys", "uniform",
+                                       "key_holes", "embed_holes", "reserved")] + \
+               [("lsa", PlanPartition)] + [(n, Range) for n in ("position", "cu_seqlens", "neighbors", "keys",
+                                                                "key_cu_seqlens", "query_slot", "key_gather", "embed",
+                                                                "unit_rank")]
+
+
+@abi_struct("gmh_twins_args")
+class TwinsArgs(ctypes.Structure):
+    """gmh_twins_args."""
+    _fields_ = [("visible", c_void_p)] + [(n, c_int32) for n in (
+        "num_masks", "mask_height", "mask_width", "per_sample", "grid", "num_stages")] + \
+        [(n, c_int32 * GMH_MAX_STAGES) for n in ("window", "sr_ratio", "channels")] + \
+        [(n, c_int32) for n in ("strategy", "group_size", "max_group_size")]
+
+
+@abi_struct("gmh_twins_info")
+class TwinsInfo(ctypes.Structure):
+    """gmh_twins_info."""
+    _fields_ = [("num_stages", c_int32), ("num_masks", c_int32), ("arena_size", c_int64), ("build_us", c_double),
+                ("stage", TwinsStage * GMH_MAX_STAGES)]
+
+
+@abi_struct("gmh_conv_table_args")
+class ConvTableArgs(ctypes.Structure):
+    """gmh_conv_table_args."""
+    _fields_ = [("visible", c_void_p)] + [(n, c_int32) for n in ("num_masks", "height", "width", "per_sample", "kind",
+                                                                  "size")]
+
+
+@abi_struct("gmh_conv_table_info")
+class ConvTableInfo(ctypes.Structure):
+    """gmh_conv_table_info."""
+    _fields_ = [(n, c_int32) for n in ("num_inputs", "num_outputs", "row", "holes")]
+
+
+@abi_struct("gmh_conv_args")
+class HostConvArgs(ctypes.Structure):
+    """gmh_conv_args."""
+    _fields_ = [("dtype", c_int32)] + [(n, Tensor) for n in ("x", "y", "dy", "dx", "weight", "bias", "dweight",
+                                                             "dbias")] + \
+               [("table", c_void_p), ("table_size", c_int64), ("size", c_int32), ("residual", c_int32)]
+
+
+@abi_struct("gm_depthwise_conv_args")
+class DepthwiseConvArgs(ctypes.Structure):
+    """gm_depthwise_conv_args."""
+    _fields_ = [("dtype", c_int32)] + [(n, Tensor) for n in ("x", "y", "dy", "dx")] + \
+               [("nbr", c_void_p), ("kernel", c_int32), ("weight", c_void_p), ("bias", c_void_p), ("dweight", c_void_p),
+                ("dbias", c_void_p), ("residual", c_int32)]
+
+
+@abi_struct("gm_block_conv_args")
+class BlockConvArgs(ctypes.Structure):
+    """gm_block_conv_args."""
+    _fields_ = [("dtype", c_int32)] + [(n, Tensor) for n in ("x", "y", "dy", "dx")] + \
+               [("gather", c_void_p), ("stride", c_int32), ("weight", c_void_p), ("bias", c_void_p),
+                ("dweight", c_void_p), ("dbias", c_void_p)]
+
+
+GMH_NEIGHBOR_TABLE, GMH_BLOCK_TABLE = 0, 1
 GMH_FLOAT32, GMH_FLOAT64 = 0, 3
 GM_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 GM_ALGOS = {"auto": 0, "simt": 1, "mma": 2}
 STRATEGIES = {"fast": 0, "paper": 1, "per-window": 2, "single": 3}
 _KERNELS_ABI_VERSION = 1
-_HOST_ABI_VERSION = 3
+_HOST_ABI_VERSION = 4
 
 
 # An empty tensor may have no storage (data_ptr() 0), but a null data pointer means "absent" to
@@ -297,6 +361,17 @@ def host() -> ctypes.CDLL:
     lib.gmh_encoder_plan_write.argtypes = [c_void_p, c_void_p]
     lib.gmh_attention_fwd.argtypes = [POINTER(HostAttentionArgs)]
     lib.gmh_attention_bwd.argtypes = [POINTER(HostAttentionArgs)]
+    lib.gmh_twins_planner_create.argtypes = [POINTER(c_void_p)]
+    lib.gmh_twins_planner_destroy.argtypes = [c_void_p]
+    lib.gmh_twins_planner_destroy.restype = None
+    lib.gmh_twins_plan_prepare.argtypes = [c_void_p, POINTER(TwinsArgs), POINTER(TwinsInfo)]
+    lib.gmh_twins_plan_write.argtypes = [c_void_p, c_void_p]
+    lib.gmh_conv_table_build.argtypes = [POINTER(ConvTableArgs), POINTER(c_void_p), POINTER(ConvTableInfo)]
+    lib.gmh_conv_table_copy.argtypes = [c_void_p, c_void_p, c_void_p, c_void_p]
+    lib.gmh_conv_table_free.argtypes = [c_void_p]
+    lib.gmh_conv_table_free.restype = None
+    for f in ("gmh_depthwise_conv_fwd", "gmh_depthwise_conv_bwd", "gmh_block_conv_fwd", "gmh_block_conv_bwd"):
+        getattr(lib, f).argtypes = [POINTER(HostConvArgs)]
     _libs["host"] = lib
     return lib
 
@@ -333,6 +408,14 @@ def _setup_kernels(lib: ctypes.CDLL, name: str) -> ctypes.CDLL:
                                        c_void_p, c_void_p, c_int32, c_int32, c_void_p, c_void_p, c_void_p,
                                        c_void_p, c_void_p]
     lib.gm_build_partition.restype = c_int
+    for f, a in (("depthwise_conv", DepthwiseConvArgs), ("block_conv", BlockConvArgs)):
+        for d in ("fwd", "bwd"):
+            fn = getattr(lib, f"gm_{f}_{d}")
+            fn.argtypes = [POINTER(a), c_void_p] if (f, d) != ("depthwise_conv", "bwd") else \
+                [POINTER(a), c_void_p, c_size_t, c_void_p]
+            fn.restype = c_int
+    lib.gm_depthwise_conv_bwd_workspace_size.argtypes = [POINTER(DepthwiseConvArgs), POINTER(c_size_t)]
+    lib.gm_depthwise_conv_bwd_workspace_size.restype = c_int
     return lib
 
 

@@ -2,7 +2,7 @@
 and layout, for fine-tuning with timm:
 
     timm.create_model("swin_base_patch4_window7_224", pretrained=True,
-                      pretrained_cfg_overlay=dict(file="OUT"))
+                      pretrained_cfg_overlay=dict(file="OUT"))      # or "twins_svt_large", ...
 
 CKPT is a ``greenmim.pretrain`` checkpoint, a GreenMIM state dict, or a checkpoint of the
 released code (then ``--layout 2022`` for every checkpoint its README links, ``2023`` for weights
@@ -55,6 +55,33 @@ def infer_architecture(sd: Dict[str, torch.Tensor]) -> Tuple[str, dict]:
     return name, extra
 
 
+_TWINS = {((64, 128, 256, 512), (2, 2, 10, 4)): "twins_svt_small",
+          ((96, 192, 384, 768), (2, 2, 18, 2)): "twins_svt_base",
+          ((128, 256, 512, 1024), (2, 2, 18, 2)): "twins_svt_large"}
+
+
+def infer_twins(sd: Dict[str, torch.Tensor], cfg: dict) -> Tuple[str, dict]:
+    """(timm model name, extra create_model kwargs) for a Twins encoder in timm's names. Heads,
+    windows and sr ratios leave no trace in the weights: a model that is not one of timm's
+    presets takes them from the checkpoint's ``config`` (greenmim.pretrain writes it)."""
+    n = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("patch_embeds."))
+    dims = tuple(int(sd[f"patch_embeds.{i}.proj.weight"].shape[0]) for i in range(n))
+    depths = tuple(1 + max(int(k.split(".")[2]) for k in sd if k.startswith(f"blocks.{i}.")) for i in range(n))
+    patch = int(sd["patch_embeds.0.proj.weight"].shape[-1])
+    name = _TWINS.get((dims, depths)) if patch == 4 else None
+    if name is not None and all(tuple(cfg.get(k, d)) == d for k, d in (("sr_ratios", (8, 4, 2, 1)),
+                                                                         ("wss", (7, 7, 7, 7)))):
+        return name, {}
+    if "num_heads" not in cfg:
+        raise GreenmimError(f"greenmim: a Twins with dims {dims}, depths {depths} is not one of timm's presets "
+                            f"and the checkpoint has no config to read its heads, windows and sr ratios from")
+    extra = dict(embed_dims=dims, depths=depths, num_heads=tuple(cfg["num_heads"]), patch_size=patch)
+    for k in ("sr_ratios", "wss", "mlp_ratios"):
+        if k in cfg:
+            extra[k] = tuple(cfg[k])
+    return "twins_svt_small", extra
+
+
 def export(src, out: str, layout: Optional[str] = None, num_classes: int = 1000,
            img_size: Optional[int] = None) -> Tuple[str, dict]:
     """Writes the encoder of ``src`` (a path or a loaded checkpoint) to ``out`` in timm's format;
@@ -66,13 +93,21 @@ def export(src, out: str, layout: Optional[str] = None, num_classes: int = 1000,
     elif layout is not None:
         raise GreenmimError(f"greenmim: --layout {layout} applies to released checkpoints; this one is greenmim's")
     timm_sd = ckpt_io.encoder_to_timm(sd, num_classes)
-    name, kwargs = infer_architecture(timm_sd)
     cfg = obj.get("config", {}) if isinstance(obj, dict) else {}
     size = img_size or cfg.get("img_size")
-    if size and str(size) not in name.split("_")[-1]:
-        kwargs["img_size"] = size
-    if cfg.get("window_size") and "window_size" not in kwargs and f"window{cfg['window_size']}" not in name:
-        kwargs["window_size"] = cfg["window_size"]
+    if "patch_embeds.0.proj.weight" in timm_sd:          # Twins: its classifier is ``head``
+        for p in ("weight", "bias"):
+            if f"head.fc.{p}" in timm_sd:
+                timm_sd[f"head.{p}"] = timm_sd.pop(f"head.fc.{p}")
+        name, kwargs = infer_twins(timm_sd, cfg)
+        if size and size != 224:
+            kwargs["img_size"] = size
+    else:
+        name, kwargs = infer_architecture(timm_sd)
+        if size and str(size) not in name.split("_")[-1]:
+            kwargs["img_size"] = size
+        if cfg.get("window_size") and "window_size" not in kwargs and f"window{cfg['window_size']}" not in name:
+            kwargs["window_size"] = cfg["window_size"]
     if num_classes != 1000:
         kwargs["num_classes"] = num_classes
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from . import _backend, _lib
+from ._arena import ArenaPlan, arena_views
 from ._lib import GreenmimError
 
 
@@ -96,21 +97,19 @@ class StagePlan:
         return self.unit_rank >= 0
 
 
-class MaskPlan:
+class MaskPlan(ArenaPlan):
     """Everything a visible-token encoder needs for one mask (or one batch of per-sample masks).
 
     All index arrays are int32 views of one tensor, ``arena``: moving a plan to a device
     (:meth:`to`), pinning it (:meth:`pin_memory`, which a DataLoader calls) or sending it to
-    another process (pickling, as DataLoader workers do) moves that one tensor."""
+    another process (pickling, as DataLoader workers do) moves that one tensor (_arena.py)."""
 
     def __init__(self, arena: Tensor, layout: tuple):
-        self.arena = arena
-        self.layout = layout
+        super().__init__(arena, layout)
         per_sample, num_masks, patch_grid, build_us, stages = layout
         self.per_sample, self.num_masks, self.patch_grid, self.build_us = per_sample, num_masks, patch_grid, build_us
         # every array of the arena, in arena order: one split makes all the views
-        ranges = sorted({r for st in stages for r in (*(x for p in st[3] for x in p[9]), *st[4:8]) if r[1] > 0})
-        chunks = dict(zip(ranges, arena.split([r[1] for r in ranges]))) if ranges else {}
+        chunks = arena_views(arena, (r for st in stages for r in (*(x for p in st[3] for x in p[9]), *st[4:8])))
         empty = arena[:0]
         view = lambda r: chunks.get(r, empty)
         self.stages: List[StagePlan] = []
@@ -129,33 +128,6 @@ class MaskPlan:
                                          unit_rank=view(rank).view(num_masks, H * W) if rank[1] else None,
                                          num_masks=num_masks))
         self.patch_index = self.stages[0].position
-
-    @property
-    def device(self) -> torch.device:
-        return self.arena.device
-
-    def to(self, device, non_blocking: bool = False) -> "MaskPlan":
-        """This plan on ``device`` (one copy of the arena; ``self`` when it is already there)."""
-        device = torch.device(device)
-        if device == self.arena.device:
-            return self
-        return MaskPlan(self.arena.to(device, non_blocking=non_blocking), self.layout)
-
-    def mark_dynamic(self) -> "MaskPlan":
-        """Marks the slot axis of every partition dynamic for torch.compile (call it on each step's
-        plan, after :meth:`to`). With ``plan_masks(..., group_size=-1)`` (G fixed at each stage's
-        window area) that axis is the only thing masks change: one graph serves every mask."""
-        for st in self.stages:
-            for p in st.partitions:
-                for t in (p.gather, p.slot_window, p.slot_coord):
-                    torch._dynamo.mark_dynamic(t, 0)
-        return self
-
-    def pin_memory(self, device=None) -> "MaskPlan":
-        return MaskPlan(self.arena.pin_memory() if device is None else self.arena.pin_memory(device), self.layout)
-
-    def __reduce__(self):
-        return (MaskPlan, (self.arena, self.layout))
 
     def __repr__(self) -> str:
         kind = f"{self.num_masks} per-sample masks" if self.per_sample else "one shared mask"

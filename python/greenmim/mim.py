@@ -28,6 +28,7 @@ from ._lib import GreenmimError
 from .indices import MaskPlan
 from .swin import Mlp, VisibleSwinTransformer
 from .swinv2 import VisibleSwinTransformerV2
+from .twins import VisibleTwins
 
 DECODER_ORDERS = ("greenmim", "released")
 
@@ -116,7 +117,7 @@ class GreenMIM(nn.Module):
         if decoder_order not in DECODER_ORDERS:
             raise GreenmimError(f"greenmim: decoder_order must be one of {DECODER_ORDERS}, got {decoder_order!r}")
         self.encoder = encoder
-        stages = len(encoder.layers)
+        stages = len(encoder.depths)
         self.unit = encoder.patch_size << (stages - 1)        # the last stage's stride: one decoder token
         if encoder.img_size % self.unit:
             raise GreenmimError(f"greenmim: image {encoder.img_size} is not a multiple of the last stride {self.unit}")
@@ -263,6 +264,10 @@ SWIN_B = dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32))
 SWIN_L = dict(embed_dim=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48))
 SWIN_T = dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
 SWIN_NANO = dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))
+TWINS_L = dict(embed_dims=(128, 256, 512, 1024), depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32), sr_ratios=(8, 4, 2, 1),
+               wss=(7, 7, 7, 7))
+TWINS_NANO = dict(embed_dims=(32, 64, 128, 256), depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), sr_ratios=(8, 4, 2, 1),
+                  wss=(7, 7, 7, 7))
 
 # name: (encoder class, encoder kwargs, decoder kwargs, what it is)
 _ARCHS: Dict[str, Tuple[type, dict, dict, str]] = {
@@ -292,6 +297,13 @@ _ARCHS: Dict[str, Tuple[type, dict, dict, str]] = {
     "green_mim_swin_nano_patch4_dec128b1": (VisibleSwinTransformer, dict(SWIN_NANO, img_size=224, window_size=7),
                                             dict(decoder_embed_dim=128, decoder_num_heads=4),
                                             "a toy for CPUs and tests: embed 32, depths 2-2-2-2, decoder 128"),
+    # Twins: timm's PEG (conv + x) and LayerNorm eps; the released code drops the PEG's + x
+    # (docs/models.md): pass nothing to keep timm's, which is what fine-tuning in timm runs
+    "green_mim_twins_large_patch4_dec512b1": (VisibleTwins, dict(TWINS_L, img_size=224), {},
+                                              "released: Twins-SVT-L, 224 px, windows 7, sr 8/4/2/1"),
+    "green_mim_twins_nano_patch4_dec128b1": (VisibleTwins, dict(TWINS_NANO, img_size=224),
+                                             dict(decoder_embed_dim=128, decoder_num_heads=4),
+                                             "a toy for CPUs and tests: Twins, dims 32-256, depths 2-2-2-2, decoder 128"),
 }
 ENCODER_KEYS = ("img_size", "window_size", "attn_impl", "strategy", "drop_path_rate", "norm_layer")
 DECODER_KEYS = ("decoder_embed_dim", "decoder_depth", "decoder_num_heads", "norm_pix_loss", "decoder_order")
@@ -353,3 +365,5 @@ green_mim_swinv2_base_window16_256_dec512b1 = _factory("green_mim_swinv2_base_wi
 green_mim_swinv2_large_window12_192_dec512b1 = _factory("green_mim_swinv2_large_window12_192_dec512b1")
 green_mim_swin_tiny_patch4_dec512b1 = _factory("green_mim_swin_tiny_patch4_dec512b1")
 green_mim_swin_nano_patch4_dec128b1 = _factory("green_mim_swin_nano_patch4_dec128b1")
+green_mim_twins_large_patch4_dec512b1 = _factory("green_mim_twins_large_patch4_dec512b1")
+green_mim_twins_nano_patch4_dec128b1 = _factory("green_mim_twins_nano_patch4_dec128b1")

@@ -49,3 +49,44 @@ def test_train_step_full_models_rows():
     assert "train step (whole models): toy" in out.stdout
     for row in ("simmim", "greenmim", "per-sample", "released"):
         assert f"| {row} |" in out.stdout
+
+
+def test_train_step_toy_twins_rows():
+    """--model twins_svt_large --toy: the Twins rows (timm's Twins with a mask token; ours)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, str(ROOT / "bench/gpu/train_step.py"), "--toy", "--full", "--model",
+                          "twins_svt_large"], capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "train step (whole models): toy-twins, batch 2, 224 px" in out.stdout
+    for row in ("simmim", "greenmim", "per-sample", "released"):
+        assert f"| {row} |" in out.stdout
+
+
+def test_simmim_twins_without_masking_is_timms_twins():
+    import importlib.util
+    import torch
+    import timm
+    spec = importlib.util.spec_from_file_location("train_step", ROOT / "bench/gpu/train_step.py")
+    ts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ts)
+    cfg = ts.TWINS["toy-twins"][0]
+    m = timm.models.twins.Twins(num_classes=0, wss=(7, 7, 7, 7), **cfg).eval()
+    enc = ts.SimMIMTwins(m, cfg["embed_dims"][0])
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        none = torch.zeros(2, 56, 56, dtype=torch.bool)
+        torch.testing.assert_close(enc(x, none).reshape(2, 49, -1), m.forward_features(x))
+        some = torch.rand(2, 56, 56) < 0.5
+        assert not torch.allclose(enc(x, some), enc(x, none))
+
+
+def test_twins_ops_bench_smoke_on_cpu():
+    """bench/gpu/twins_ops.py (run.sh's Twins step) runs end to end; on the CPU its times mean nothing."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, str(ROOT / "bench/gpu/twins_ops.py"), "--device", "cpu", "--batch", "1",
+                          "--reps", "1", "--warmup", "0", "--keep", "0.25"], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [l for l in out.stdout.splitlines() if l.startswith("| ") and l[2].isalpha() and "| op |" not in l]
+    assert len(rows) == 3 * 6                     # 3 stages x (PEG: copy, masked dense; 2 block convs x 2 peers)
+    assert out.stdout.rstrip().endswith("twins_ops: done")

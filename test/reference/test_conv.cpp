@@ -327,6 +327,59 @@ TEST_CASE_TEMPLATE("block conv (gather + GEMM) = dense strided conv at the visib
     }
 }
 
+TEST_CASE_TEMPLATE("block conv under block_rule::any = dense strided conv wherever a block has a visible input", T,
+                   float, double) {
+  std::mt19937 g(17);
+  for (index_t s : {index_t(2), index_t(4), index_t(8)}) {
+    problem pr{16, 16};
+    for (double keep : {0.1, 0.5}) pr.add(random_coords(g, 16, 16, keep));
+    block_table bt;
+    REQUIRE(build_block_table_per_sample(pr.H, pr.W, s, span<const index_t>(pr.cu), span<const index_t>(pr.flat), bt,
+                                         block_rule::any) == status::success);
+    REQUIRE(std::count(bt.gather.begin(), bt.gather.end(), pad_index) > 0);  // partly visible blocks
+    const index_t N = bt.num_inputs, Nn = bt.num_outputs(), Ci = 3, Co = 5;
+    const auto x = randn<T>(g, N * Ci), w = randn<T>(g, Co * Ci * s * s), bias = randn<T>(g, Co);
+    std::vector<T> y(Nn * Co);
+    REQUIRE(ref::block_conv_forward<T>(span<const index_t>(bt.gather), s, make_view(x.data(), 1, N, Ci),
+                                       make_view(w.data(), Co, Ci, s, s), span<const T>(bias),
+                                       make_view(y.data(), 1, Nn, Co)) == status::success);
+    std::vector<T> want;
+    for (size_t b = 0; b < pr.samples.size(); ++b) {
+      const std::vector<index_t> out(bt.next_coords.begin() + bt.next_cu_seqlens[b],
+                                     bt.next_coords.begin() + bt.next_cu_seqlens[b + 1]);
+      const auto yb = dense_conv_at<T>(pr.samples[b], x, pr.cu[b], pr.H, pr.W, Ci, w, bias, Co, s, s, 0, false, out);
+      want.insert(want.end(), yb.begin(), yb.end());
+    }
+    check_close(y, want, tol<T>() * 8);
+  }
+}
+
+TEST_CASE("block conv backward with holes (block_rule::any) = finite differences (double)") {
+  std::mt19937 g(18);
+  const auto c = random_coords(g, 8, 8, 0.4);
+  block_table bt;
+  REQUIRE(build_block_table(8, 8, 4, span<const index_t>(c), bt, block_rule::any) == status::success);
+  REQUIRE(std::count(bt.gather.begin(), bt.gather.end(), pad_index) > 0);
+  const index_t N = bt.num_inputs, Nn = bt.num_outputs(), Ci = 2, Co = 3, s = 4;
+  auto x = randn<double>(g, 2 * N * Ci), w = randn<double>(g, Co * Ci * s * s), bias = randn<double>(g, Co);
+  const auto gy = randn<double>(g, 2 * Nn * Co);
+  std::vector<double> y(2 * Nn * Co);
+  auto loss = [&] {
+    check(ref::block_conv_forward<double>(span<const index_t>(bt.gather), s, make_view(x.data(), 2, N, Ci),
+                                          make_view(w.data(), Co, Ci, s, s), span<const double>(bias),
+                                          make_view(y.data(), 2, Nn, Co)));
+    return dot(y, gy);
+  };
+  std::vector<double> dx(x.size(), -1), dw(w.size(), -1), db(Co, -1);
+  REQUIRE(ref::block_conv_backward<double>(span<const index_t>(bt.gather), s, make_view(x.data(), 2, N, Ci),
+                                           make_view(w.data(), Co, Ci, s, s), make_view(gy.data(), 2, Nn, Co),
+                                           make_view(dx.data(), 2, N, Ci), make_view(dw.data(), Co, Ci, s, s),
+                                           span<double>(db)) == status::success);
+  check_close(dx, fd_grad(x, loss), 1e-8);
+  check_close(dw, fd_grad(w, loss), 1e-8);
+  check_close(db, fd_grad(bias, loss), 1e-8);
+}
+
 TEST_CASE("block conv backward = finite differences (double); tokens in no block get zero") {
   std::mt19937 g(8);
   // 8x8 grid, s = 2: blocks (0,0), (1,2), (3,3) visible, plus a token set of another sample
@@ -391,8 +444,9 @@ TEST_CASE("reference conv ops refuse bad arguments before writing anything") {
   CHECK(ref::block_conv_backward<double>(span<const index_t>(g4), 2, xv, make_view(wb.data(), C, C, 2, 2),
                                          make_view(dyy.data(), 1, 1, C), make_view(dxx.data(), 1, N, C),
                                          make_view(dw.data(), C, C, 2, 2), span<double>()) == status::invalid_argument);
-  g4[3] = pad_index;
-  std::vector<double> yb(C);
+  g4[3] = -2;  // below pad_index
+  std::vector<double> yb(C, 42.0);
   CHECK(ref::block_conv_forward<double>(span<const index_t>(g4), 2, xv, make_view(wb.data(), C, C, 2, 2), {},
                                         make_view(yb.data(), 1, 1, C)) == status::out_of_range);
+  for (double v : yb) CHECK(v == 42.0);
 }

@@ -14,8 +14,9 @@
 //!   gather-GEMM-scatter, one GEMM per stencil offset: `Y += gather_o(X) W_o^T`; backward
 //!   `dX scatter_o+= dY W_o`, `dW_o += dY^T gather_o(X)`.
 //! - `block_conv_forward` / `_backward`: kernel = stride = s conv (GSA sub-sampling, patch
-//!   embedding) as im2col gather of whole blocks + one GEMM, `Y = A W'^T + bias` with the column
-//!   order of sparse_conv.hpp (A[n, p*C_in + c] = x[gather[n, p], c]).
+//!   embedding) as im2col gather of the blocks + one GEMM, `Y = A W'^T + bias` with the column
+//!   order of sparse_conv.hpp (A[n, p*C_in + c] = x[gather[n, p], c], zero where the entry is
+//!   pad_index: a masked input of a partly visible block, `block_rule::any`).
 //!
 //! Weights are in PyTorch's dense layout, so a checkpoint's tensors are used as they are:
 //! depthwise `[C, k*k]` (= `[C, 1, k, k]` flattened), dense `[C_out, C_in, k, k]`, any strides.
@@ -84,6 +85,17 @@ void gather_rows(const mat<T>& x, span<const index_t> table, std::int64_t row, s
   }
 }
 
+//! im2col of sample b: A[n, p*C_in + c] = x[b, gather[n*P + p], c], zero for pad_index (A is
+//! [N_next, P*C_in], sized by the caller).
+template <class T>
+void im2col(const tensor_view<const T, 3>& x, std::int64_t b, span<const index_t> gather, std::int64_t P, mat<T>& A) {
+  const std::int64_t Ci = x.extent[2];
+  for (std::int64_t n = 0; n < A.rows(); ++n)
+    for (std::int64_t p = 0; p < P; ++p) {
+      const index_t t = gather[n * P + p];
+      for (std::int64_t c = 0; c < Ci; ++c) A(n, p * Ci + c) = t == pad_index ? T(0) : x(b, t, c);
+    }
+}
 
 //! The argument checks the two GEMM-style backward ops share, in their order: valid views,
 //! weight `[C_out, C_in, k, k]`, dy `[B, dy_tokens, C_out]` (dy_tokens < 0: any), dx shaped like
@@ -104,7 +116,7 @@ status check_gemm_backward(const tensor_view<const T, 3>& x, const tensor_view<c
     for (int i = 0; i < 4; ++i)
       if (dweight.extent[i] != weight.extent[i]) return status::shape_mismatch;
     if (!valid_view(dweight)) return status::invalid_argument;
-    if (detail::overlaps(x, dweight) || detail::overlaps(dy, dweight) || detail::overlaps(dx, dweight))
+    if (greenmim::detail::overlaps(x, dweight) || greenmim::detail::overlaps(dy, dweight) || greenmim::detail::overlaps(dx, dweight))
       return status::invalid_argument;
   }
   if (!dbias.empty() && dbias.size() != Co) return status::shape_mismatch;
@@ -122,9 +134,9 @@ status check_gemm_backward(const tensor_view<const T, 3>& x, const tensor_view<c
 //! O(B * N * C * k^2).
 template <class T>
 status depthwise_conv_forward(span<const index_t> nbr, index_t kernel,
-                              tensor_view<const detail::nondeduced_t<T>, 3> x,
-                              tensor_view<const detail::nondeduced_t<T>, 2> weight,
-                              span<const detail::nondeduced_t<T>> bias, bool residual, tensor_view<T, 3> y) {
+                              tensor_view<const greenmim::detail::nondeduced_t<T>, 3> x,
+                              tensor_view<const greenmim::detail::nondeduced_t<T>, 2> weight,
+                              span<const greenmim::detail::nondeduced_t<T>> bias, bool residual, tensor_view<T, 3> y) {
   if (kernel <= 0 || kernel % 2 == 0) return status::invalid_argument;
   const std::int64_t B = x.extent[0], N = x.extent[1], C = x.extent[2], K = kernel * kernel;
   if (!conv_detail::valid_view(x) || !conv_detail::valid_view(y) || !conv_detail::valid_view(weight))
@@ -133,7 +145,7 @@ status depthwise_conv_forward(span<const index_t> nbr, index_t kernel,
   if (weight.extent[0] != C || weight.extent[1] != K) return status::shape_mismatch;
   if (!bias.empty() && bias.size() != C) return status::shape_mismatch;
   if (status s = conv_detail::check_table(nbr, K, N, N); s != status::success) return s;
-  if (detail::overlaps(x, y) || detail::overlaps(weight, y)) return status::invalid_argument;
+  if (greenmim::detail::overlaps(x, y) || greenmim::detail::overlaps(weight, y)) return status::invalid_argument;
   std::vector<T> acc(static_cast<size_t>(C));
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t t = 0; t < N; ++t) {
@@ -153,9 +165,9 @@ status depthwise_conv_forward(span<const index_t> nbr, index_t kernel,
 //! `[C]` (overwritten; empty = skipped). Failures as the forward. O(B * N * C * k^2).
 template <class T>
 status depthwise_conv_backward(span<const index_t> nbr, index_t kernel,
-                               tensor_view<const detail::nondeduced_t<T>, 3> x,
-                               tensor_view<const detail::nondeduced_t<T>, 2> weight,
-                               tensor_view<const detail::nondeduced_t<T>, 3> dy, bool residual,
+                               tensor_view<const greenmim::detail::nondeduced_t<T>, 3> x,
+                               tensor_view<const greenmim::detail::nondeduced_t<T>, 2> weight,
+                               tensor_view<const greenmim::detail::nondeduced_t<T>, 3> dy, bool residual,
                                tensor_view<T, 3> dx, tensor_view<T, 2> dweight, span<T> dbias) {
   if (kernel <= 0 || kernel % 2 == 0) return status::invalid_argument;
   const std::int64_t B = x.extent[0], N = x.extent[1], C = x.extent[2], K = kernel * kernel;
@@ -170,9 +182,9 @@ status depthwise_conv_backward(span<const index_t> nbr, index_t kernel,
     return status::shape_mismatch;
   if (!dbias.empty() && dbias.size() != C) return status::shape_mismatch;
   if (status s = conv_detail::check_table(nbr, K, N, N); s != status::success) return s;
-  if (detail::overlaps(x, dx) || detail::overlaps(dy, dx) || detail::overlaps(weight, dx))
+  if (greenmim::detail::overlaps(x, dx) || greenmim::detail::overlaps(dy, dx) || greenmim::detail::overlaps(weight, dx))
     return status::invalid_argument;
-  if (want_dw && (detail::overlaps(x, dweight) || detail::overlaps(dy, dweight) || detail::overlaps(dx, dweight)))
+  if (want_dw && (greenmim::detail::overlaps(x, dweight) || greenmim::detail::overlaps(dy, dweight) || greenmim::detail::overlaps(dx, dweight)))
     return status::invalid_argument;
   std::vector<T> acc(static_cast<size_t>(C));
   for (std::int64_t b = 0; b < B; ++b)
@@ -213,9 +225,9 @@ status depthwise_conv_backward(span<const index_t> nbr, index_t kernel,
 //! Failures as `depthwise_conv_forward`. O(B * N * k^2 * C_in * C_out).
 template <class T>
 status submanifold_conv_forward(span<const index_t> nbr, index_t kernel,
-                                tensor_view<const detail::nondeduced_t<T>, 3> x,
-                                tensor_view<const detail::nondeduced_t<T>, 4> weight,
-                                span<const detail::nondeduced_t<T>> bias, tensor_view<T, 3> y) {
+                                tensor_view<const greenmim::detail::nondeduced_t<T>, 3> x,
+                                tensor_view<const greenmim::detail::nondeduced_t<T>, 4> weight,
+                                span<const greenmim::detail::nondeduced_t<T>> bias, tensor_view<T, 3> y) {
   using M = conv_detail::mat<T>;
   if (kernel <= 0 || kernel % 2 == 0) return status::invalid_argument;
   const std::int64_t B = x.extent[0], N = x.extent[1], Ci = x.extent[2], Co = weight.extent[0];
@@ -226,7 +238,7 @@ status submanifold_conv_forward(span<const index_t> nbr, index_t kernel,
   if (y.extent[0] != B || y.extent[1] != N || y.extent[2] != Co) return status::shape_mismatch;
   if (!bias.empty() && bias.size() != Co) return status::shape_mismatch;
   if (status s = conv_detail::check_table(nbr, K, N, N); s != status::success) return s;
-  if (detail::overlaps(x, y) || detail::overlaps(weight, y)) return status::invalid_argument;
+  if (greenmim::detail::overlaps(x, y) || greenmim::detail::overlaps(weight, y)) return status::invalid_argument;
   std::vector<M> w(static_cast<size_t>(K), M(Co, Ci));  // W_o [C_out, C_in]
   for (std::int64_t o = 0; o < K; ++o)
     for (std::int64_t a = 0; a < Co; ++a)
@@ -252,9 +264,9 @@ status submanifold_conv_forward(span<const index_t> nbr, index_t kernel,
 //! (overwritten; empty = skipped). Failures as the forward. O(B * N * k^2 * C_in * C_out).
 template <class T>
 status submanifold_conv_backward(span<const index_t> nbr, index_t kernel,
-                                 tensor_view<const detail::nondeduced_t<T>, 3> x,
-                                 tensor_view<const detail::nondeduced_t<T>, 4> weight,
-                                 tensor_view<const detail::nondeduced_t<T>, 3> dy, tensor_view<T, 3> dx,
+                                 tensor_view<const greenmim::detail::nondeduced_t<T>, 3> x,
+                                 tensor_view<const greenmim::detail::nondeduced_t<T>, 4> weight,
+                                 tensor_view<const greenmim::detail::nondeduced_t<T>, 3> dy, tensor_view<T, 3> dx,
                                  tensor_view<T, 4> dweight, span<T> dbias) {
   using M = conv_detail::mat<T>;
   if (kernel <= 0 || kernel % 2 == 0) return status::invalid_argument;
@@ -265,7 +277,7 @@ status submanifold_conv_backward(span<const index_t> nbr, index_t kernel,
     return s;
   const bool want_dw = dweight.data != nullptr;
   if (status s = conv_detail::check_table(nbr, K, N, N); s != status::success) return s;
-  if (detail::overlaps(x, dx) || detail::overlaps(dy, dx) || detail::overlaps(weight, dx))
+  if (greenmim::detail::overlaps(x, dx) || greenmim::detail::overlaps(dy, dx) || greenmim::detail::overlaps(weight, dx))
     return status::invalid_argument;
   std::vector<M> w(static_cast<size_t>(K), M(Co, Ci)), dw(static_cast<size_t>(K), M::Zero(Co, Ci));
   for (std::int64_t o = 0; o < K; ++o)
@@ -304,12 +316,12 @@ status submanifold_conv_backward(span<const index_t> nbr, index_t kernel,
 
 //! Block conv forward: `gather` [N_next, s*s] from `build_block_table`, x `[B, N, C_in]`,
 //! weight `[C_out, C_in, s, s]`, bias `[C_out]` or empty, y `[B, N_next, C_out]` (overwritten).
-//! im2col A [N_next, s*s*C_in] (column p*C_in + c), then `Y = A W'^T + bias`. Failures as
-//! `depthwise_conv_forward`. O(B * N_next * s^2 * C_in * C_out).
+//! im2col A [N_next, s*s*C_in] (column p*C_in + c; a pad_index entry reads zero), then
+//! `Y = A W'^T + bias`. Failures as `depthwise_conv_forward`. O(B * N_next * s^2 * C_in * C_out).
 template <class T>
-status block_conv_forward(span<const index_t> gather, index_t stride, tensor_view<const detail::nondeduced_t<T>, 3> x,
-                          tensor_view<const detail::nondeduced_t<T>, 4> weight,
-                          span<const detail::nondeduced_t<T>> bias, tensor_view<T, 3> y) {
+status block_conv_forward(span<const index_t> gather, index_t stride, tensor_view<const greenmim::detail::nondeduced_t<T>, 3> x,
+                          tensor_view<const greenmim::detail::nondeduced_t<T>, 4> weight,
+                          span<const greenmim::detail::nondeduced_t<T>> bias, tensor_view<T, 3> y) {
   using M = conv_detail::mat<T>;
   if (stride <= 0) return status::invalid_argument;
   const std::int64_t B = x.extent[0], N = x.extent[1], Ci = x.extent[2], Co = weight.extent[0];
@@ -320,18 +332,14 @@ status block_conv_forward(span<const index_t> gather, index_t stride, tensor_vie
   if (y.extent[0] != B || y.extent[2] != Co) return status::shape_mismatch;
   if (!bias.empty() && bias.size() != Co) return status::shape_mismatch;
   if (status s = conv_detail::check_table(gather, P, Nn, N); s != status::success) return s;
-  for (std::int64_t i = 0; i < gather.size(); ++i)
-    if (gather[i] == pad_index) return status::out_of_range;  // a block table has no holes
-  if (detail::overlaps(x, y) || detail::overlaps(weight, y)) return status::invalid_argument;
+  if (greenmim::detail::overlaps(x, y) || greenmim::detail::overlaps(weight, y)) return status::invalid_argument;
   M wt(P * Ci, Co);  // W'^T
   for (std::int64_t a = 0; a < Co; ++a)
     for (std::int64_t c = 0; c < Ci; ++c)
       for (std::int64_t p = 0; p < P; ++p) wt(p * Ci + c, a) = weight(a, c, p / stride, p % stride);
   M A(Nn, P * Ci), Y;
   for (std::int64_t b = 0; b < B; ++b) {
-    for (std::int64_t n = 0; n < Nn; ++n)
-      for (std::int64_t p = 0; p < P; ++p)
-        for (std::int64_t c = 0; c < Ci; ++c) A(n, p * Ci + c) = x(b, gather[n * P + p], c);
+    conv_detail::im2col(x, b, gather, P, A);
     Y.noalias() = A * wt;
     if (!bias.empty())
       for (std::int64_t n = 0; n < Nn; ++n)
@@ -343,12 +351,13 @@ status block_conv_forward(span<const index_t> gather, index_t stride, tensor_vie
 
 //! Block conv backward: dx `[B, N, C_in]` (overwritten; tokens in no block get 0), dweight
 //! `[C_out, C_in, s, s]` (overwritten; data null = skipped), dbias (overwritten; empty =
-//! skipped). `gather` entries must be distinct (each input in at most one block, as the builder
-//! guarantees; `invalid_argument` otherwise). O(B * N_next * s^2 * C_in * C_out + N).
+//! skipped). `gather` entries other than pad_index must be distinct (each input in at most one
+//! block, as the builder guarantees; `invalid_argument` otherwise); pad_index entries (masked
+//! inputs) take no gradient. O(B * N_next * s^2 * C_in * C_out + N).
 template <class T>
-status block_conv_backward(span<const index_t> gather, index_t stride, tensor_view<const detail::nondeduced_t<T>, 3> x,
-                           tensor_view<const detail::nondeduced_t<T>, 4> weight,
-                           tensor_view<const detail::nondeduced_t<T>, 3> dy, tensor_view<T, 3> dx,
+status block_conv_backward(span<const index_t> gather, index_t stride, tensor_view<const greenmim::detail::nondeduced_t<T>, 3> x,
+                           tensor_view<const greenmim::detail::nondeduced_t<T>, 4> weight,
+                           tensor_view<const greenmim::detail::nondeduced_t<T>, 3> dy, tensor_view<T, 3> dx,
                            tensor_view<T, 4> dweight, span<T> dbias) {
   using M = conv_detail::mat<T>;
   if (stride <= 0) return status::invalid_argument;
@@ -360,11 +369,9 @@ status block_conv_backward(span<const index_t> gather, index_t stride, tensor_vi
   const bool want_dw = dweight.data != nullptr;
   if (status s = conv_detail::check_table(gather, P, Nn, N); s != status::success) return s;
   std::vector<char> seen(static_cast<size_t>(N), 0);
-  for (std::int64_t i = 0; i < gather.size(); ++i) {
-    if (gather[i] == pad_index) return status::out_of_range;
-    if (seen[gather[i]]++) return status::invalid_argument;
-  }
-  if (detail::overlaps(x, dx) || detail::overlaps(dy, dx) || detail::overlaps(weight, dx))
+  for (std::int64_t i = 0; i < gather.size(); ++i)
+    if (gather[i] != pad_index && seen[gather[i]]++) return status::invalid_argument;
+  if (greenmim::detail::overlaps(x, dx) || greenmim::detail::overlaps(dy, dx) || greenmim::detail::overlaps(weight, dx))
     return status::invalid_argument;
   M w(Co, P * Ci);  // W'
   for (std::int64_t a = 0; a < Co; ++a)
@@ -378,12 +385,13 @@ status block_conv_backward(span<const index_t> gather, index_t stride, tensor_vi
     for (std::int64_t t = 0; t < N; ++t)
       for (std::int64_t c = 0; c < Ci; ++c) dx(b, t, c) = T(0);
     for (std::int64_t n = 0; n < Nn; ++n)
-      for (std::int64_t p = 0; p < P; ++p)
-        for (std::int64_t c = 0; c < Ci; ++c) dx(b, gather[n * P + p], c) = dA(n, p * Ci + c);
+      for (std::int64_t p = 0; p < P; ++p) {
+        const index_t t = gather[n * P + p];
+        if (t == pad_index) continue;
+        for (std::int64_t c = 0; c < Ci; ++c) dx(b, t, c) = dA(n, p * Ci + c);
+      }
     if (want_dw) {
-      for (std::int64_t n = 0; n < Nn; ++n)
-        for (std::int64_t p = 0; p < P; ++p)
-          for (std::int64_t c = 0; c < Ci; ++c) A(n, p * Ci + c) = x(b, gather[n * P + p], c);
+      conv_detail::im2col(x, b, gather, P, A);
       dw.noalias() += dyb.transpose() * A;
     }
     for (std::int64_t n = 0; n < Nn; ++n)

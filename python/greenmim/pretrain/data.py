@@ -158,16 +158,21 @@ class SamplePhotographs:
 
 
 class Geometry:
-    """What planning needs of the model: image size, patch, window, stages, stage-1 channels."""
+    """What planning needs of the model: image size, patch, window, stages, stage-1 channels
+    (Swin); an encoder with ``plan_spec`` (Twins) hands over its own picklable spec instead."""
 
     def __init__(self, model, fixed_groups: bool = False):
         enc = model.encoder
         self.group_size = -1 if fixed_groups else 0  # -1: G = each stage's window area (--compile)
-        self.img_size, self.patch_size, self.window = enc.img_size, enc.patch_size, enc.window_size
-        self.num_stages, self.embed_dim, self.strategy = len(enc.layers), enc.embed_dim, enc.strategy
         self.grid = model.grid                    # mask units per side (the last stage's grid)
+        self.img_size, self.patch_size, self.window = enc.img_size, enc.patch_size, enc.window_size
+        self.spec = enc.plan_spec(self.group_size) if hasattr(enc, "plan_spec") else None
+        if self.spec is None:
+            self.num_stages, self.embed_dim, self.strategy = len(enc.layers), enc.embed_dim, enc.strategy
 
-    def plan(self, masks: Tensor) -> indices.MaskPlan:
+    def plan(self, masks: Tensor):
+        if self.spec is not None:
+            return self.spec.plan(masks, device="cpu", cache=False)
         return indices.plan_masks(masks, img_size=self.img_size, patch_size=self.patch_size, window_size=self.window,
                                   num_stages=self.num_stages, embed_dim=self.embed_dim, strategy=self.strategy,
                                   device="cpu", cache=False, group_size=self.group_size)

@@ -60,8 +60,10 @@ def wrap(model: nn.Module, ctx: Context) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh(ctx.device.type, (ctx.world,))
-        for layer in model.encoder.layers:
-            for blk in layer.blocks:
+        enc = model.encoder                       # Swin: layers[i].blocks; Twins: blocks[i]
+        stages = [layer.blocks for layer in enc.layers] if hasattr(enc, "layers") else enc.blocks
+        for blocks in stages:
+            for blk in blocks:
                 fully_shard(blk, mesh=mesh)
         for blk in model.decoder_blocks:
             fully_shard(blk, mesh=mesh)

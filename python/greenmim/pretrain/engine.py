@@ -11,7 +11,8 @@ from .. import mim
 from . import data, dist, optim, report, state
 from .args import UsageError
 
-SMALL_MODELS = ("green_mim_swin_nano_patch4_dec128b1", "green_mim_swin_tiny_patch4_dec512b1")
+SMALL_MODELS = ("green_mim_swin_nano_patch4_dec128b1", "green_mim_swin_tiny_patch4_dec512b1",
+                "green_mim_twins_nano_patch4_dec128b1")
 
 
 class LossNotFinite(RuntimeError):

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Twins' convolutions on visible tokens against their peers, at Twins-L's shapes (224 px,
+32-px mask units, batch --batch, bf16 on CUDA), forward and forward+backward, median ms:
+
+  depthwise 3x3 (PEG)  greenmim.submanifold_depthwise_conv3x3 on the visible tokens, against
+                       a copy of the same bytes (x.clone(): the bandwidth ceiling; target: the
+                       conv at >= 70% of the copy's rate at stage 1), and the masked dense conv
+                       in cuDNN (zero the masked cells, convolve the whole grid: ConvNeXt V2's
+                       and SparK's choice, the peer to beat at 25-40% visible tokens)
+  block conv           greenmim.block_conv (GSA sub-sampling sr 8/4/2, patch embedding s 2)
+                       against the same GEMM in cuBLAS (torch.mm on the gathered [N_out,
+                       s*s*C_in] rows; target: >= 60% of its rate) and the dense cuDNN conv
+                       over the full grid (target: faster)
+
+Rates: the depthwise conv moves 2 N C elements (in, out; the table is small), the block conv
+does N_out * s^2 C_in * C_out multiply-adds. Visible ratios: --keep (default 0.25,0.40).
+
+    python bench/gpu/twins_ops.py [--batch 64] [--keep 0.25,0.4] [--reps 20] [--csv out.csv]
+    python bench/gpu/twins_ops.py --device cpu --batch 1 --reps 1     # a smoke run (times mean nothing)
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import greenmim
+
+# stage: (grid, C, sr of GSA, C of the next stage)
+STAGES = {1: (56, 128, 8, 256), 2: (28, 256, 4, 512), 3: (14, 512, 2, 1024)}
+
+
+def timed(fn, reps, warmup, cuda):
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+def fwd_bwd(f, *inputs):
+    def run():
+        out = f(*inputs)
+        out.backward(torch.ones_like(out))
+    return run
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--keep", default="0.25,0.4", help="fractions of visible mask units")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--csv", default="")
+    a = ap.parse_args(argv)
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    dt = torch.bfloat16 if cuda else torch.float32
+    name = torch.cuda.get_device_name(dev) if cuda else "CPU (smoke run: times mean nothing)"
+    print(f"== Twins ops on visible tokens, Twins-L shapes, batch {a.batch}, {dt}, {name}, torch {torch.__version__}")
+    print("| op | stage | visible | greenmim fwd ms | fwd+bwd ms | peer | peer fwd ms | peer fwd+bwd ms | "
+          "greenmim rate | peer rate | rate ratio | speed-up vs peer (fwd, fwd+bwd) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    T = lambda ms: ms * 1e-3
+
+    def emit(op, stage, keep, ours, peer, peer_t, rate_ours, rate_peer, unit):
+        r = dict(op=op, stage=stage, visible=keep, fwd_ms=ours[0], fwd_bwd_ms=ours[1], peer=peer, peer_fwd_ms=peer_t[0],
+                 peer_fwd_bwd_ms=peer_t[1], rate=rate_ours, peer_rate=rate_peer, unit=unit)
+        rows.append(r)
+        print(f"| {op} | {stage} | {keep:.2f} | {ours[0]:.3f} | {ours[1]:.3f} | {peer} | {peer_t[0]:.3f} | "
+              f"{peer_t[1]:.3f} | {rate_ours:.1f} {unit} | {rate_peer:.1f} {unit} | {rate_ours / rate_peer:.2f} | "
+              f"{peer_t[0] / ours[0]:.2f}x, {peer_t[1] / ours[1]:.2f}x |",
+              flush=True)
+
+    for keep in [float(k) for k in a.keep.split(",")]:
+        vis = greenmim.random_masks(a.batch, ratio=1 - keep, generator=g)
+        plan = greenmim.plan_twins(vis, device=dev)
+        for s, (grid, C, sr, C_next) in STAGES.items():
+            st = plan.stages[s - 1]
+            N = st.num_tokens
+            x = torch.randn(1, N, C, device=dev, dtype=dt, requires_grad=True)
+            run = lambda f, *i: (timed(lambda: f(*i), a.reps, a.warmup, cuda),
+                                 timed(fwd_bwd(f, *i), a.reps, a.warmup, cuda))
+            # PEG
+            w = torch.randn(C, 1, 3, 3, device=dev, requires_grad=True)
+            b = torch.randn(C, device=dev, requires_grad=True)
+            peg = lambda x: greenmim.submanifold_depthwise_conv3x3(x, st.neighbors, w, b, residual=True)
+            ours = run(peg, x)
+            gbs = lambda ms: 2 * N * C * x.element_size() / T(ms) / 1e9
+            copy = run(lambda x: x.clone(), x)
+            emit("depthwise 3x3", s, keep, ours, "copy", copy, gbs(ours[0]), gbs(copy[0]), "GB/s")
+            dense = torch.randn(a.batch, C, grid, grid, device=dev, dtype=dt, requires_grad=True)
+            m = torch.zeros(a.batch * grid * grid, device=dev, dtype=dt)
+            m[st.position.long()] = 1
+            m = m.view(a.batch, 1, grid, grid)
+            cudnn = lambda d: F.conv2d(d * m, w.to(dt), b.to(dt), padding=1, groups=C)
+            peer = run(cudnn, dense)
+            emit("depthwise 3x3", s, keep, ours, "masked dense cuDNN", peer, gbs(ours[0]), gbs(peer[0]), "GB/s")
+            # block convs: GSA sub-sampling (C -> C, sr) and the patch embedding (C -> C_next, 2)
+            for op, table, k, co in (("GSA sr conv", st.keys, sr, C), ("patch embedding", st.embed, 2, C_next)):
+                wk = torch.randn(co, C, k, k, device=dev, requires_grad=True)
+                bk = torch.randn(co, device=dev, requires_grad=True)
+                ours = run(lambda x: greenmim.block_conv(x, table, wk, bk), x)
+                n_out = table.num_outputs
+                tflops = lambda ms: 2 * n_out * k * k * C * co / T(ms) / 1e12
+                A = torch.randn(n_out, k * k * C, device=dev, dtype=dt, requires_grad=True)
+                Wm = torch.randn(k * k * C, co, device=dev, dtype=dt, requires_grad=True)
+                gemm = run(lambda A: A @ Wm, A)
+                emit(op, s, keep, ours, "cuBLAS GEMM", gemm, tflops(ours[0]), tflops(gemm[0]), "TFLOP/s")
+                full = run(lambda d: F.conv2d(d, wk.to(dt), bk.to(dt), stride=k), dense)
+                dense_tf = lambda ms: 2 * a.batch * (grid // k) ** 2 * k * k * C * co / T(ms) / 1e12
+                emit(op, s, keep, ours, "dense cuDNN conv (all tokens)", full, tflops(ours[0]), dense_tf(full[0]),
+                     "TFLOP/s")
+    if a.csv:
+        with open(a.csv, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+            wr.writeheader()
+            wr.writerows(rows)
+    print("twins_ops: done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""Calls into the C ABIs for the convolutions on visible tokens (Twins), with torch tensors.
+
+- CPU tensors (float32/float64): the Eigen reference of reference/conv.hpp (libgreenmim_host).
+- CUDA tensors (float32/float16/bfloat16): the kernels of kernels.h (depthwise_conv.cu,
+  block_conv.cu) on torch's current stream; weights, biases and their gradients float32.
+- ``emulate_cuda()``: CPU tensors through the kernels on the CPU emulator (libgreenmim_emu).
+
+Tables are int32 tensors on the features' device: the 3x3 neighbour table ``[N, 9]`` and the
+block table ``[N_next, s*s]`` (-1 = a masked input, read as zero). This file checks, converts and
+calls; the arithmetic is in the libraries.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lib
+from ._backend import _kernel_lib, _rows, _stream, device_buffer, uses_kernels
+from ._lib import GreenmimError
+
+
+def grad_dtype(x: Tensor) -> torch.dtype:
+    """Weight and bias gradients: float64 for float64 inputs (the CPU reference), else float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _check_table(where: str, x: Tensor, table: Tensor, rows: Optional[int], row: int, what: str) -> None:
+    if table.dtype != torch.int32 or table.dim() != 2 or not table.is_contiguous():
+        raise GreenmimError(f"greenmim: {where}: the {what} must be a contiguous 2-D int32 tensor, got {table.dtype} "
+                            f"of shape {tuple(table.shape)}")
+    if table.device != x.device:
+        raise GreenmimError(f"greenmim: {where}: the {what} is on {table.device}, the features on {x.device}: plans and "
+                            f"tensors must share a device")
+    if table.shape[1] != row or (rows is not None and table.shape[0] != rows):
+        want = f"[{rows if rows is not None else 'N_next'}, {row}]"
+        raise GreenmimError(f"greenmim: {where}: the {what} is {tuple(table.shape)}, the features need {want}: a table "
+                            f"of another stage or mask?")
+
+
+def _check_features(where: str, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> None:
+    if x.dim() != 3:
+        raise GreenmimError(f"greenmim: {where}: features must be [B, N, C], got shape {tuple(x.shape)}")
+    for n, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise GreenmimError(f"greenmim: {where}: {n} is on {t.device}, the features on {x.device}")
+    if uses_kernels(x):
+        if x.dtype not in _lib.GM_DTYPES:
+            raise GreenmimError(f"greenmim: {where}: the CUDA kernels take float32, float16 or bfloat16, got {x.dtype}")
+    elif x.dtype not in (torch.float32, torch.float64):
+        raise GreenmimError(f"greenmim: {where}: on the CPU the reference runs float32 and float64, got {x.dtype} "
+                            f"(fp16/bf16 run on CUDA)")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
+        raise GreenmimError(f"greenmim: {where}: bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
+
+
+def check_depthwise(x: Tensor, nbr: Tensor, weight: Tensor, bias: Optional[Tensor]) -> None:
+    where = "depthwise conv 3x3"
+    _check_features(where, x, weight, bias)
+    C = x.shape[2]
+    if tuple(weight.shape) != (C, 1, 3, 3):
+        raise GreenmimError(f"greenmim: {where}: weight must be [C, 1, 3, 3] = [{C}, 1, 3, 3] (a depthwise Conv2d's), "
+                            f"got {tuple(weight.shape)}")
+    _check_table(where, x, nbr, x.shape[1], 9, "neighbour table")
+
+
+def check_block(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor]) -> None:
+    where = "block conv"
+    _check_features(where, x, weight, bias)
+    if weight.dim() != 4 or weight.shape[2] != weight.shape[3] or weight.shape[1] != x.shape[2]:
+        raise GreenmimError(f"greenmim: {where}: weight must be [C_out, C_in = {x.shape[2]}, s, s], got "
+                            f"{tuple(weight.shape)}")
+    s = weight.shape[2]
+    _check_table(where, x, gather, None, s * s, f"block table (stride {s})")
+
+
+def _weights(t: Optional[Tensor], x: Tensor) -> Optional[Tensor]:
+    """Weights as the library takes them: float32 on the kernels, x's dtype on the reference."""
+    if t is None:
+        return None
+    return t.detach().to(torch.float32 if uses_kernels(x) else x.dtype).contiguous()
+
+
+def _host_args(x: Tensor, table: Tensor, size: int, residual: bool, **tensors) -> _lib.HostConvArgs:
+    a = _lib.HostConvArgs()
+    a.dtype = _lib.GMH_FLOAT64 if x.dtype == torch.float64 else _lib.GMH_FLOAT32
+    a.x = _lib.tensor(x)
+    for name, t in tensors.items():
+        setattr(a, name, _lib.tensor(t))
+    a.table, a.table_size = table.data_ptr() if table.numel() else None, table.numel()
+    a.size, a.residual = size, int(residual)
+    return a
+
+
+def _kernel_args(struct, x: Tensor, weight: Tensor, bias, dweight, dbias, **tensors):
+    a = struct()
+    a.dtype = _lib.GM_DTYPES[x.dtype]
+    a.x = _lib.tensor(x)
+    for name, t in tensors.items():
+        setattr(a, name, _lib.tensor(t))
+    a.weight = weight.data_ptr()
+    a.bias = bias.data_ptr() if bias is not None else None
+    a.dweight = dweight.data_ptr() if dweight is not None else None
+    a.dbias = dbias.data_ptr() if dbias is not None else None
+    return a
+
+
+def depthwise_fwd(x: Tensor, nbr: Tensor, weight: Tensor, bias: Optional[Tensor], residual: bool) -> Tensor:
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if y.numel() == 0:
+        return y
+    w, b = _weights(weight, x).view(-1, 9), _weights(bias, x)
+    if uses_kernels(x):
+        lib = _kernel_lib(x)
+        a = _kernel_args(_lib.DepthwiseConvArgs, _rows(x), w, b, None, None, y=y)
+        a.nbr, a.kernel, a.residual = nbr.data_ptr(), 3, int(residual)
+        _lib.kernel_check(lib, lib.gm_depthwise_conv_fwd(ctypes.byref(a), _stream(x)), "depthwise conv forward")
+    else:
+        a = _host_args(x, nbr, 3, residual, y=y, weight=w, bias=b)
+        _lib.host_check(_lib.host().gmh_depthwise_conv_fwd(ctypes.byref(a)), "depthwise conv forward")
+    return y
+
+
+def _grads(x: Tensor, weight: Tensor, need_dw: bool, need_db: bool) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    dt = grad_dtype(x)
+    dw = torch.zeros(weight.shape, dtype=dt, device=x.device) if need_dw else None
+    db = torch.zeros(weight.shape[0], dtype=dt, device=x.device) if need_db else None
+    return dw, db
+
+
+def depthwise_bwd(dy: Tensor, x: Tensor, nbr: Tensor, weight: Tensor, residual: bool, need_dw: bool,
+                  need_db: bool) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dw, db = _grads(x, weight, need_dw, need_db)
+    if x.numel() == 0:
+        return dx, dw, db
+    w = _weights(weight, x).view(-1, 9)
+    dw9 = dw.view(-1, 9) if dw is not None else None
+    if uses_kernels(x):
+        lib = _kernel_lib(x)
+        a = _kernel_args(_lib.DepthwiseConvArgs, _rows(x), w, None, dw9, db, dy=_rows(dy), dx=dx)
+        a.nbr, a.kernel, a.residual = nbr.data_ptr(), 3, int(residual)
+        size = ctypes.c_size_t(0)
+        _lib.kernel_check(lib, lib.gm_depthwise_conv_bwd_workspace_size(ctypes.byref(a), ctypes.byref(size)),
+                          "depthwise conv backward")
+        ws, ws_ptr = device_buffer(size.value, x)
+        _lib.kernel_check(lib, lib.gm_depthwise_conv_bwd(ctypes.byref(a), ws_ptr, size.value, _stream(x)),
+                          "depthwise conv backward")
+    else:
+        a = _host_args(x, nbr, 3, residual, dy=dy, dx=dx, weight=w, dweight=dw9, dbias=db)
+        _lib.host_check(_lib.host().gmh_depthwise_conv_bwd(ctypes.byref(a)), "depthwise conv backward")
+    return dx, dw, db
+
+
+def block_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    B, s = x.shape[0], weight.shape[2]
+    y = torch.empty((B, gather.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+    if y.numel() == 0:
+        return y
+    if x.shape[1] == 0 or x.shape[2] == 0:       # every input masked or no channel: the bias alone
+        return y.copy_((bias if bias is not None else y.new_zeros(())).to(y.dtype).expand(y.shape))
+    w, b = _weights(weight, x), _weights(bias, x)
+    if uses_kernels(x):
+        lib = _kernel_lib(x)
+        a = _kernel_args(_lib.BlockConvArgs, _rows(x), w, b, None, None, y=y)
+        a.gather, a.stride = gather.data_ptr(), s
+        _lib.kernel_check(lib, lib.gm_block_conv_fwd(ctypes.byref(a), _stream(x)), "block conv forward")
+    else:
+        a = _host_args(x, gather, s, False, y=y, weight=w, bias=b)
+        _lib.host_check(_lib.host().gmh_block_conv_fwd(ctypes.byref(a)), "block conv forward")
+    return y
+
+
+def block_bwd(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, need_dw: bool,
+              need_db: bool) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)   # overwritten (0 for tokens in no block)
+    dw, db = _grads(x, weight, need_dw, need_db)
+    if dy.numel() == 0 or x.numel() == 0:
+        dx.zero_()
+        if db is not None and dy.numel():
+            db.copy_(dy.to(db.dtype).sum((0, 1)))
+        return dx, dw, db
+    w = _weights(weight, x)
+    if uses_kernels(x):
+        lib = _kernel_lib(x)
+        a = _kernel_args(_lib.BlockConvArgs, _rows(x), w, None, dw, db, dy=_rows(dy), dx=dx)
+        a.gather, a.stride = gather.data_ptr(), weight.shape[2]
+        _lib.kernel_check(lib, lib.gm_block_conv_bwd(ctypes.byref(a), _stream(x)), "block conv backward")
+    else:
+        a = _host_args(x, gather, weight.shape[2], False, dy=dy, dx=dx, weight=w, dweight=dw, dbias=db)
+        _lib.host_check(_lib.host().gmh_block_conv_bwd(ctypes.byref(a)), "block conv backward")
+    return dx, dw, db

@@ -1,0 +1,146 @@
+"""Index tables of the convolutions on visible tokens, from masks (sparse_conv.hpp's builders).
+
+- :func:`neighbor_table` ``(visible)``: the 3x3 submanifold table ``[N, 9]`` of a stage mask
+  (``-1``: the neighbour is masked or outside the grid), for
+  :func:`greenmim.submanifold_depthwise_conv3x3`.
+- :func:`block_table` ``(visible, stride)``: the kernel = stride block table ``[N_next, s*s]``
+  for :func:`greenmim.block_conv`. **Output rule:** a block is an output when any of its inputs
+  is visible (spconv's rule for a strided sparse conv); its masked inputs are ``-1`` and read as
+  zero, so the output equals the dense conv over the zero-filled grid at that cell. With mask
+  units that cover whole blocks (GreenMIM's 32 px units and Twins' strides) every block is
+  wholly visible or wholly masked and any rule gives the same table.
+
+``visible`` is a bool stage mask at token resolution, ``[H, W]`` (shared by the batch: tables
+index the visible tokens of one sample, row-major) or ``[B, H, W]`` (per-sample masks: the flat
+``[1, sum N_b, C]`` layout, sample-major). Tables are int32 tensors on ``device`` (default: the
+mask's), built on the host and cached with the mask plans (:func:`greenmim.clear_cache`).
+"""
+from __future__ import annotations
+
+import ctypes
+import weakref
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lib, indices
+from ._lib import GreenmimError
+
+
+@dataclass(eq=False)
+class NeighborTable:
+    """3x3 submanifold neighbour table: ``nbr[t, o]`` is the token at offset ``o`` (row-major over
+    the stencil, ``o = (dh + 1) * 3 + dw + 1``) of token ``t``, or -1."""
+    nbr: Tensor                         # [N, 9] int32
+    grid: Tuple[int, int]
+    position: Optional[Tensor] = None   # [N] flat positions (b*H*W + h*W + w with per-sample masks)
+    cu_seqlens: Optional[Tensor] = None  # [B+1] with per-sample masks
+
+    @property
+    def num_tokens(self) -> int:
+        return self.nbr.shape[0]
+
+
+@dataclass(eq=False)
+class BlockTable:
+    """kernel = stride = ``stride`` block table: ``gather[n, i*s + j]`` is the input token at
+    ``(s*bh + i, s*bw + j)`` of output ``n``, or -1 (masked: reads zero)."""
+    gather: Tensor                       # [N_next, s*s] int32
+    stride: int
+    num_inputs: int
+    holes: bool                          # some block is partly visible (-1 entries)
+    grid: Tuple[int, int] = (0, 0)       # the output grid (H/s, W/s)
+    position: Optional[Tensor] = None    # [N_next] the outputs' flat positions on the output grid
+    cu_seqlens: Optional[Tensor] = None  # [B+1] the outputs' per-sample offsets (per-sample masks)
+
+    @property
+    def num_outputs(self) -> int:
+        return self.gather.shape[0]
+
+
+_valid: "weakref.WeakSet" = weakref.WeakSet()   # tables whose entries were checked (or built by us)
+
+
+def mark_valid(table) -> None:
+    _valid.add(table)
+
+
+def check_table_values(table) -> None:
+    """Refuses a table with an entry outside [-1, N) or (block tables) an input in two blocks,
+    once per table object: the builders' tables are valid by construction, and the kernels would
+    read a bad entry as zero rather than fail."""
+    if table in _valid:
+        return
+    t = table.nbr if isinstance(table, NeighborTable) else table.gather
+    n = table.num_tokens if isinstance(table, NeighborTable) else table.num_inputs
+    flat = t.reshape(-1).long()
+    bad = flat.numel() > 0 and (int(flat.min()) < -1 or int(flat.max()) >= n)
+    if not bad and isinstance(table, BlockTable):
+        real = flat[flat >= 0]
+        bad = real.unique().numel() != real.numel()
+        if not bad and bool((flat < 0).any()) and not table.holes:
+            raise GreenmimError("greenmim: block conv: the table has -1 entries but says holes=False")
+    if bad:
+        kind = "neighbour" if isinstance(table, NeighborTable) else "block"
+        raise GreenmimError(f"greenmim: the {kind} table has entries outside [-1, {n}) or an input in two blocks "
+                            f"(a table of another mask, or modified?)")
+    _valid.add(table)
+
+
+def _host_mask(visible: Tensor) -> Tuple[Tensor, bool]:
+    if not isinstance(visible, Tensor) or visible.dtype != torch.bool or visible.dim() not in (2, 3):
+        raise GreenmimError("greenmim: a stage mask is a bool tensor [H, W] (shared) or [B, H, W] (per sample), "
+                            f"got {getattr(visible, 'dtype', type(visible).__name__)} "
+                            f"{tuple(getattr(visible, 'shape', ()))}")
+    per_sample = visible.dim() == 3
+    host = visible.detach().to("cpu", torch.uint8)
+    return (host if per_sample else host.unsqueeze(0)).contiguous(), per_sample
+
+
+def _build(visible: Tensor, kind: int, size: int, device, cache: bool):
+    host, per_sample = _host_mask(visible)
+    device = torch.device(device) if device is not None else visible.device
+    key = ("conv_table", host.numpy().tobytes(), tuple(host.shape), per_sample, kind, size, str(device))
+    if cache:
+        hit = indices._plan_cache.get(key)
+        if hit is not None:
+            return hit
+    lib = _lib.host()
+    M, H, W = host.shape
+    a = _lib.ConvTableArgs(host.data_ptr(), M, H, W, int(per_sample), kind, size)
+    handle, info = ctypes.c_void_p(), _lib.ConvTableInfo()
+    what = "neighbour table" if kind == _lib.GMH_NEIGHBOR_TABLE else "block table"
+    _lib.host_check(lib.gmh_conv_table_build(ctypes.byref(a), ctypes.byref(handle), ctypes.byref(info)), what)
+    try:
+        entries = torch.empty((info.num_outputs, info.row), dtype=torch.int32)
+        cu = torch.empty(M + 1, dtype=torch.int32)
+        pos = torch.empty(info.num_outputs, dtype=torch.int32)
+        _lib.host_check(lib.gmh_conv_table_copy(handle, entries.data_ptr(), cu.data_ptr(), pos.data_ptr()), what)
+    finally:
+        lib.gmh_conv_table_free(handle)
+    arena = torch.cat([entries.view(-1), cu, pos]).to(device)   # one copy to the device
+    entries, cu, pos = arena.split([entries.numel(), cu.numel(), pos.numel()])
+    entries = entries.view(info.num_outputs, info.row)
+    cu = cu if per_sample else None
+    if kind == _lib.GMH_NEIGHBOR_TABLE:
+        table = NeighborTable(entries, (H, W), pos, cu)
+    else:
+        table = BlockTable(entries, size, info.num_inputs, bool(info.holes), (H // size, W // size), pos, cu)
+    mark_valid(table)
+    if cache:
+        indices._plan_cache.put(key, table)
+    return table
+
+
+def neighbor_table(visible: Tensor, device=None, cache: bool = True) -> NeighborTable:
+    """The 3x3 submanifold neighbour table of a stage mask (bool ``[H, W]`` or ``[B, H, W]``,
+    True = visible, token resolution)."""
+    return _build(visible, _lib.GMH_NEIGHBOR_TABLE, 3, device, cache)
+
+
+def block_table(visible: Tensor, stride: int, device=None, cache: bool = True) -> BlockTable:
+    """The kernel = stride block table of a stage mask (bool ``[H, W]`` or ``[B, H, W]``, token
+    resolution; ``stride`` divides H and W): an output for every block with a visible input."""
+    return _build(visible, _lib.GMH_BLOCK_TABLE, int(stride), device, cache)

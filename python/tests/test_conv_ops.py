@@ -1,0 +1,213 @@
+"""The convolutions on visible tokens (conv_ops.py): each equals a dense zero-filled conv2d over the
+full grid read back at the output cells, under random masks (per token and per mask unit, shared
+and per sample, every stage geometry of Twins-L); gradients by gradcheck; the fakes by opcheck;
+the CUDA path on the emulator against the CPU; bad input refused with the library's reason."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import greenmim
+from greenmim import GreenmimError
+
+D = torch.float64
+
+
+def stage_mask(H, batch, per_token, gen, keep=None):
+    """A stage mask [H, H] or [B, H, H]: per token (any pattern: borders, partly visible blocks,
+    an empty sample) or per 32 px unit (whole blocks, what GreenMIM draws)."""
+    B = 1 if batch is None else batch
+    if per_token:
+        m = torch.rand(B, H, H, generator=gen) < (keep if keep is not None else 0.35)
+        if B > 2:
+            m[1] = False                                   # a sample with no visible token
+    else:
+        u = torch.stack([greenmim.random_masks(generator=gen) for _ in range(B)])
+        m = u.repeat_interleave(H // 7, 1).repeat_interleave(H // 7, 2)
+    return m[0] if batch is None else m
+
+
+def dense_at(x, mask, weight, bias, stride, padding, groups, out_position):
+    """conv2d over the zero-filled grid, read at the output cells (flat positions, per sample)."""
+    M = mask.view(-1, *mask.shape[-2:])
+    B, H, W = M.shape
+    C = x.shape[-1]
+    n_img = x.shape[0] if mask.dim() == 2 else B
+    img = x.new_zeros(n_img * H * W, C)
+    pos = M.reshape(-1).nonzero().flatten()                 # row-major per sample = the token order
+    if mask.dim() == 2:
+        img = img.view(n_img, H * W, C)
+        img[:, pos] = x
+    else:
+        img[pos] = x[0]
+    img = img.view(n_img, H, W, C).permute(0, 3, 1, 2)
+    y = F.conv2d(img, weight, bias, stride=stride, padding=padding, groups=groups)
+    y = y.permute(0, 2, 3, 1).reshape(n_img, -1, y.shape[1])
+    if mask.dim() == 2:
+        return y[:, out_position.long()]
+    return y.reshape(1, -1, y.shape[-1])[:, out_position.long()]
+
+
+def features(table_tokens, mask, C, dtype=D, batch=2):
+    return torch.randn(batch if mask.dim() == 2 else 1, table_tokens, C, dtype=dtype)
+
+
+GRIDS = (56, 28, 14, 7)
+
+
+@pytest.mark.parametrize("per_token", [True, False])
+@pytest.mark.parametrize("batch", [None, 3])
+def test_depthwise_equals_dense_conv_at_visible_cells(per_token, batch):
+    g = torch.Generator().manual_seed(1)
+    for H in GRIDS:
+        mask = stage_mask(H, batch, per_token, g)
+        t = greenmim.neighbor_table(mask, cache=False)
+        C = 8
+        x = features(t.num_tokens, mask, C)
+        w, b = torch.randn(C, 1, 3, 3, dtype=D), torch.randn(C, dtype=D)
+        for residual in (False, True):
+            for bias in (b, None):
+                want = dense_at(x, mask, w, bias, 1, 1, C, t.position) + (x if residual else 0)
+                got = greenmim.submanifold_depthwise_conv3x3(x, t, w, bias, residual=residual)
+                torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("per_token", [True, False])
+@pytest.mark.parametrize("batch", [None, 3])
+@pytest.mark.parametrize("algo", ["auto", "reference"])
+def test_block_conv_equals_dense_conv_at_output_cells(per_token, batch, algo):
+    g = torch.Generator().manual_seed(2)
+    for H, sr in zip(GRIDS, (8, 4, 2, 1)):                  # GSA sub-sampling, then the patch embedding
+        mask = stage_mask(H, batch, per_token, g)
+        for s in {sr, 2} if H > 7 else {1}:
+            t = greenmim.block_table(mask, s, cache=False)
+            assert t.holes == (per_token and s > 1 and bool((t.gather < 0).any()))
+            Ci, Co = 5, 6
+            x = features(t.num_inputs, mask, Ci)
+            w, b = torch.randn(Co, Ci, s, s, dtype=D), torch.randn(Co, dtype=D)
+            want = dense_at(x, mask, w, b, s, 0, 1, t.position)
+            got = greenmim.block_conv(x, t, w, b, algo=algo)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+            if per_token and s > 1:
+                assert t.holes                                  # the partly visible blocks exist
+
+
+def test_tables_describe_their_outputs():
+    g = torch.Generator().manual_seed(3)
+    mask = stage_mask(28, 4, True, g, keep=0.3)
+    t = greenmim.block_table(mask, 4, cache=False)
+    pooled = F.max_pool2d(mask.double().unsqueeze(1), 4).squeeze(1).bool()   # any rule
+    assert torch.equal(t.cu_seqlens.diff(), pooled.flatten(1).sum(1).int())
+    assert torch.equal(t.position.long(), pooled.flatten().nonzero().flatten())
+    n = greenmim.neighbor_table(mask, cache=False)
+    assert torch.equal(n.position.long(), mask.flatten().nonzero().flatten())
+    assert n.nbr[:, 4].tolist() == list(range(n.num_tokens))                 # the centre tap is the token
+    assert greenmim.neighbor_table(mask) is greenmim.neighbor_table(mask)     # cached with the plans
+
+
+def test_gradcheck_float64():
+    g = torch.Generator().manual_seed(4)
+    for batch in (None, 2):
+        mask = stage_mask(8, batch, True, g, keep=0.5)
+        nt, bt = greenmim.neighbor_table(mask, cache=False), greenmim.block_table(mask, 4, cache=False)
+        C = 3
+        x = features(nt.num_tokens, mask, C).requires_grad_()
+        w = torch.randn(C, 1, 3, 3, dtype=D, requires_grad=True)
+        b = torch.randn(C, dtype=D, requires_grad=True)
+        wb = torch.randn(4, C, 4, 4, dtype=D, requires_grad=True)
+        bb = torch.randn(4, dtype=D, requires_grad=True)
+        for residual in (False, True):
+            assert torch.autograd.gradcheck(
+                lambda x, w, b: greenmim.submanifold_depthwise_conv3x3(x, nt, w, b, residual=residual), (x, w, b))
+        for algo in ("auto", "reference"):
+            assert torch.autograd.gradcheck(lambda x, w, b: greenmim.block_conv(x, bt, w, b, algo=algo), (x, wb, bb))
+        assert torch.autograd.gradcheck(lambda x, w: greenmim.block_conv(x, bt, w, None, algo="reference"), (x, wb))
+
+
+def test_opcheck():
+    if not hasattr(torch.library, "opcheck"):
+        pytest.skip("torch.library.opcheck needs a newer torch")
+    g = torch.Generator().manual_seed(5)
+    mask = stage_mask(8, 2, True, g, keep=0.5)
+    nt, bt = greenmim.neighbor_table(mask, cache=False), greenmim.block_table(mask, 2, cache=False)
+    x = features(nt.num_tokens, mask, 4, torch.float32).requires_grad_()
+    w, b = torch.randn(4, 1, 3, 3, requires_grad=True), torch.randn(4, requires_grad=True)
+    wb, bb = torch.randn(6, 4, 2, 2, requires_grad=True), torch.randn(6, requires_grad=True)
+    ops = torch.ops.greenmim
+    torch.library.opcheck(ops.depthwise_conv3x3_fwd.default, (x, nt.nbr, w, b, True))
+    torch.library.opcheck(ops.depthwise_conv3x3_fwd.default, (x, nt.nbr, w, None, False))
+    torch.library.opcheck(ops.block_conv_fwd.default, (x, bt.gather, wb, bb))
+    dy = torch.randn_like(x)
+    torch.library.opcheck(ops.depthwise_conv3x3_bwd.default, (dy, x.detach(), nt.nbr, w.detach(), True, True, False))
+    dyb = torch.randn(1, bt.num_outputs, 6)
+    torch.library.opcheck(ops.block_conv_bwd.default, (dyb, x.detach(), bt.gather, wb.detach(), True, True))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_emulated_cuda_path_equals_cpu(dtype, tol):
+    g = torch.Generator().manual_seed(6)
+    for batch in (None, 2):
+        mask = stage_mask(16, batch, True, g, keep=0.4)
+        nt, bt = greenmim.neighbor_table(mask, cache=False), greenmim.block_table(mask, 4, cache=False)
+        C = 16
+        x = features(nt.num_tokens, mask, C, torch.float32)
+        w, b = torch.randn(C, 1, 3, 3), torch.randn(C)
+        wb, bb = torch.randn(8, C, 4, 4) * 0.1, torch.randn(8)
+        cases = ((lambda x, w, b: greenmim.submanifold_depthwise_conv3x3(x, nt, w, b, residual=True), w, b),
+                 (lambda x, w, b: greenmim.block_conv(x, bt, w, b), wb, bb))
+        for f, weight, bias in cases:
+            ins = [t.clone().requires_grad_() for t in (x, weight, bias)]
+            want = f(*ins)
+            gy = torch.randn_like(want)
+            want_g = torch.autograd.grad(want, ins, gy)
+            emu = [ins[0].detach().to(dtype).requires_grad_(), *(t.detach().clone().requires_grad_() for t in ins[1:])]
+            with greenmim.emulate_cuda():
+                got = f(*emu)
+                got_g = torch.autograd.grad(got, emu, gy.to(dtype))
+            assert got.dtype == dtype
+            scale = float(want.detach().abs().max())
+            torch.testing.assert_close(got.detach().float(), want.detach(), rtol=tol, atol=tol * scale)
+            for a, e in zip(got_g, want_g):
+                torch.testing.assert_close(a.float(), e, rtol=tol, atol=tol * float(e.abs().max()))
+
+
+def test_bad_input_is_refused_with_the_reason():
+    g = torch.Generator().manual_seed(7)
+    mask = stage_mask(8, None, True, g, keep=0.5)
+    nt, bt = greenmim.neighbor_table(mask, cache=False), greenmim.block_table(mask, 2, cache=False)
+    x = torch.randn(2, nt.num_tokens, 4)
+    w, wb = torch.randn(4, 1, 3, 3), torch.randn(3, 4, 2, 2)
+    conv, block = greenmim.submanifold_depthwise_conv3x3, greenmim.block_conv
+    with pytest.raises(GreenmimError, match="float32 and float64"):
+        conv(x.half(), nt, w)
+    with pytest.raises(GreenmimError, match=r"weight must be \[C, 1, 3, 3\]"):
+        conv(x, nt, torch.randn(4, 9))
+    with pytest.raises(GreenmimError, match="another stage or mask"):
+        conv(x[:, 1:], nt, w)
+    with pytest.raises(GreenmimError, match="features must be"):
+        conv(x[0], nt, w)
+    with pytest.raises(GreenmimError, match="NeighborTable"):
+        conv(x, bt, w)
+    with pytest.raises(GreenmimError, match="meta.*cpu|cpu.*meta"):
+        conv(x, greenmim.NeighborTable(nt.nbr.to("meta"), nt.grid), w)
+    with pytest.raises(GreenmimError, match="meta.*cpu|cpu.*meta"):
+        block(x, greenmim.block_table(mask, 2, device="meta", cache=False), wb)
+    with pytest.raises(GreenmimError, match="stride 2"):
+        block(x, bt, torch.randn(3, 4, 4, 4))
+    with pytest.raises(GreenmimError, match="C_in = 4"):
+        block(x, bt, torch.randn(3, 5, 2, 2))
+    bad = nt.nbr.clone()
+    bad[0, 0] = nt.num_tokens
+    with pytest.raises(GreenmimError, match="outside"):
+        conv(x, greenmim.NeighborTable(bad, nt.grid), w)
+    twice = bt.gather.clone()
+    twice[0, 0] = twice[1, 0] if twice[1, 0] >= 0 else twice[0, 1]
+    with pytest.raises(GreenmimError, match="two blocks"):
+        block(x, greenmim.BlockTable(twice, 2, bt.num_inputs, True), wb)
+    with pytest.raises(GreenmimError, match="out of range|outside"):   # the reference's own check
+        torch.ops.greenmim.depthwise_conv3x3_fwd(x, bad, w, None, False)
+    with pytest.raises(GreenmimError, match="stride 3 must be 1..64 and divide"):
+        greenmim.block_table(mask, 3, cache=False)
+    with pytest.raises(GreenmimError, match="bool"):
+        greenmim.neighbor_table(mask.float())
+    with greenmim.emulate_cuda(), pytest.raises(GreenmimError, match="float32, float16 or bfloat16"):
+        conv(x.double(), nt, w.double())
