@@ -32,33 +32,32 @@ def register_flop_formulas() -> None:
     from . import conv_ops, ops  # noqa: F401  (the ops must be registered first)
     g = torch.ops.greenmim
 
-    def attention(q_shape, group_size, slot_window):
-        B, _, H, D = q_shape          # slot_window: one entry per slot (num_groups * G)
-        return 2 * 2 * B * H * D * slot_window[0] * group_size     # S = Q K^T, O = P V over each group
+    def attention(q_shape, group_size, index):
+        B, _, H, D = q_shape          # index: the shapes of gather, scatter, slot_window, slot_coord
+        slots = index[0][0]           # num_groups * G
+        return 2 * 2 * B * H * D * slots * group_size     # S = Q K^T, O = P V over each group
 
     def new(op) -> bool:
         return op.default not in flop_registry
 
     if new(g.attention_fwd):
         @register_flop_formula(g.attention_fwd)
-        def _(q, k, v, bias, gather, scatter, slot_window, slot_coord, group_size, *args, out_shape=None, **kw):
-            return attention(q, group_size, slot_window)
+        def _(q, k, v, bias, index, group_size, *args, out_shape=None, **kw):
+            return attention(q, group_size, index)
 
         @register_flop_formula(g.attention_bwd)       # dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q
-        def _(d_o, q, k, v, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size, *args,
-              out_shape=None, **kw):
-            return 2 * attention(q, group_size, slot_window)
+        def _(d_o, q, k, v, o, lse, bias, index, group_size, *args, out_shape=None, **kw):
+            return 2 * attention(q, group_size, index)
 
         @register_flop_formula(g.attention_packed_fwd)
-        def _(qkv, bias, gather, scatter, slot_window, slot_coord, group_size, *args, out_shape=None, **kw):
+        def _(qkv, bias, index, group_size, *args, out_shape=None, **kw):
             B, N, _, H, D = qkv
-            return attention((B, N, H, D), group_size, slot_window)
+            return attention((B, N, H, D), group_size, index)
 
         @register_flop_formula(g.attention_packed_bwd)
-        def _(d_o, qkv, o, lse, bias, gather, scatter, slot_window, slot_coord, group_size, *args, out_shape=None,
-              **kw):
+        def _(d_o, qkv, o, lse, bias, index, group_size, *args, out_shape=None, **kw):
             B, N, _, H, D = qkv
-            return 2 * attention((B, N, H, D), group_size, slot_window)
+            return 2 * attention((B, N, H, D), group_size, index)
 
         @register_flop_formula(g.depthwise_conv3x3_fwd)
         def _(x, nbr, weight, *args, out_shape=None, **kw):
