@@ -11,6 +11,7 @@
 //! valid by construction. The planners and scratch are kept between calls.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -307,21 +308,26 @@ class encoder_planner {
     index_t* scatter = arena + o.scatter.offset;
     index_t* slot_window = arena + o.slot_window.offset;
     index_t* slot_coord = arena + o.slot_coord.offset;
+    // Per window: gather is a copy of its token run and slot_window a fill (both vectorise);
+    // only scatter and slot_coord go token by token. The write is store-bound: four streams.
+    const index_t* coords = x.coords.data();
     for (index_t gi = 0; gi < o.num_groups; ++gi) {
       index_t slot = gi * o.group_size;
       const index_t end = slot + o.group_size;
-      for (index_t w : y.groups.group(gi))
-        for (index_t k = y.offsets[static_cast<size_t>(w)]; k < y.offsets[static_cast<size_t>(w) + 1]; ++k, ++slot) {
-          const index_t t = y.tokens[static_cast<size_t>(k)];
-          gather[slot] = t;
-          scatter[t] = slot;
-          slot_window[slot] = w;
-          slot_coord[slot] = x.coords[static_cast<size_t>(t)];
+      for (index_t w : y.groups.group(gi)) {
+        const index_t first = y.offsets[static_cast<size_t>(w)], n = y.offsets[static_cast<size_t>(w) + 1] - first;
+        const index_t* tokens = y.tokens.data() + first;
+        std::memcpy(gather + slot, tokens, static_cast<size_t>(n) * sizeof(index_t));
+        std::fill_n(slot_window + slot, n, w);
+        for (index_t k = 0; k < n; ++k) {
+          scatter[tokens[k]] = slot + k;
+          slot_coord[slot + k] = coords[tokens[k]];
         }
-      for (; slot < end; ++slot) {
-        gather[slot] = slot_window[slot] = pad_index;
-        slot_coord[slot] = 0;
+        slot += n;
       }
+      std::fill(gather + slot, gather + end, pad_index);
+      std::fill(slot_window + slot, slot_window + end, pad_index);
+      std::fill(slot_coord + slot, slot_coord + end, index_t{0});
     }
   }
 
