@@ -7,10 +7,14 @@ Moving such a plan to a device, pinning it (a DataLoader does) or sending it to 
 """
 from __future__ import annotations
 
+import ctypes
+import threading
 from typing import Dict, Iterable, Tuple
 
 import torch
 from torch import Tensor
+
+from . import _lib
 
 Range = Tuple[int, int]   # (offset, size) in int32 entries
 
@@ -56,3 +60,35 @@ class ArenaPlan:
 
     def __reduce__(self):
         return (type(self), (self.arena, self.layout))
+
+
+class _Planner:
+    """A library planner (``gmh_<kind>_planner_*``), kept per thread: it reuses its scratch."""
+
+    def __init__(self, kind: str):
+        self.lib, self.kind = _lib.host(), kind
+        self.handle = ctypes.c_void_p()
+        _lib.host_check(getattr(self.lib, f"gmh_{kind}_planner_create")(ctypes.byref(self.handle)), f"{kind} plan")
+
+    def __del__(self):
+        if getattr(self, "handle", None):
+            getattr(self.lib, f"gmh_{self.kind}_planner_destroy")(self.handle)
+
+
+_planners = threading.local()
+
+
+def plan_arena(kind: str, args, info, what: str) -> Tensor:
+    """One plan in two library calls on this thread's ``kind`` planner ("encoder", "twins"):
+    ``gmh_<kind>_plan_prepare(args) -> info`` lays it out, ``gmh_<kind>_plan_write`` fills a
+    fresh int32 arena of ``info.arena_size`` entries, which is returned."""
+    planner = getattr(_planners, kind, None)
+    if planner is None:
+        planner = _Planner(kind)
+        setattr(_planners, kind, planner)
+    lib = planner.lib
+    _lib.host_check(getattr(lib, f"gmh_{kind}_plan_prepare")(planner.handle, ctypes.byref(args), ctypes.byref(info)),
+                    what)
+    arena = torch.empty(info.arena_size, dtype=torch.int32)
+    _lib.host_check(getattr(lib, f"gmh_{kind}_plan_write")(planner.handle, arena.data_ptr()), what)
+    return arena

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from . import _backend, _lib
-from ._arena import ArenaPlan, arena_views
+from ._arena import ArenaPlan, arena_views, plan_arena
 from ._lib import GreenmimError
 
 
@@ -350,34 +350,13 @@ def _layout(info, per_sample: bool, patch_grid: Tuple[int, int]) -> tuple:
     return (per_sample, int(num_masks), patch_grid, float(build_us), tuple(stages))
 
 
-class _Planner:
-    """A library planner object (kept per thread: it reuses its scratch between plans)."""
-
-    def __init__(self):
-        self.lib = _lib.host()
-        self.handle = ctypes.c_void_p()
-        _lib.host_check(self.lib.gmh_encoder_planner_create(ctypes.byref(self.handle)), "plan")
-
-    def __del__(self):
-        if getattr(self, "handle", None):
-            self.lib.gmh_encoder_planner_destroy(self.handle)
-
-
-_planners = threading.local()
-
-
 def _build_plan(host: Tensor, per_sample: bool, grid: int, window: int, num_stages: int, embed_dim: int,
                 strategy: str, group_size: int, max_group_size: int) -> MaskPlan:
-    planner = getattr(_planners, "p", None)
-    if planner is None:
-        planner = _planners.p = _Planner()
     M, h, w = host.shape
     a = _lib.EncoderArgs(host.data_ptr(), M, h, w, int(per_sample), grid, window, num_stages, embed_dim,
                          _lib.STRATEGIES[strategy], group_size, max_group_size)
     info = _lib.EncoderInfo()
-    _lib.host_check(planner.lib.gmh_encoder_plan_prepare(planner.handle, ctypes.byref(a), ctypes.byref(info)), "plan")
-    arena = torch.empty(info.arena_size, dtype=torch.int32)
-    _lib.host_check(planner.lib.gmh_encoder_plan_write(planner.handle, arena.data_ptr()), "plan")
+    arena = plan_arena("encoder", a, info, "plan")
     return MaskPlan(arena, _layout(info, per_sample, (grid, grid)))
 
 

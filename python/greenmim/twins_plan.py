@@ -14,8 +14,6 @@ mask units that cover the largest stride every block is whole, and a finer mask 
 """
 from __future__ import annotations
 
-import ctypes
-import threading
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -23,7 +21,7 @@ import torch
 from torch import Tensor
 
 from . import _lib, indices
-from ._arena import ArenaPlan, arena_views
+from ._arena import ArenaPlan, arena_views, plan_arena
 from ._lib import GreenmimError
 from .conv_tables import BlockTable, NeighborTable, mark_valid
 from .indices import StagePartition
@@ -133,22 +131,6 @@ class TwinsPlan(ArenaPlan):
                 f"keys {[s.num_keys for s in self.stages]}, {self.arena.numel() * 4 / 1024:.1f} KiB on {self.device})")
 
 
-class _Planner:
-    """A library Twins planner (kept per thread: it reuses its scratch between plans)."""
-
-    def __init__(self):
-        self.lib = _lib.host()
-        self.handle = ctypes.c_void_p()
-        _lib.host_check(self.lib.gmh_twins_planner_create(ctypes.byref(self.handle)), "twins plan")
-
-    def __del__(self):
-        if getattr(self, "handle", None):
-            self.lib.gmh_twins_planner_destroy(self.handle)
-
-
-_planners = threading.local()
-
-
 def plan_twins(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, windows: Sequence[int] = (7, 7, 7, 7),
                sr_ratios: Sequence[int] = (8, 4, 2, 1), channels: Sequence[int] = (128, 256, 512, 1024),
                strategy: str = "fast", device=None, cache: bool = True, max_group_size: Optional[int] = None,
@@ -187,9 +169,6 @@ def plan_twins(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, win
         hit = indices._plan_cache.get(key)
         if hit is not None:
             return hit
-    planner = getattr(_planners, "p", None)
-    if planner is None:
-        planner = _planners.p = _Planner()
     M, h, w = host.shape
     grid = img_size // patch_size
     a = _lib.TwinsArgs()
@@ -199,10 +178,7 @@ def plan_twins(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, win
         a.window[i], a.sr_ratio[i], a.channels[i] = int(windows[i]), int(sr_ratios[i]), int(channels[i])
     a.strategy, a.group_size, a.max_group_size = _lib.STRATEGIES[strategy], int(group_size), cap
     info = _lib.TwinsInfo()
-    _lib.host_check(planner.lib.gmh_twins_plan_prepare(planner.handle, ctypes.byref(a), ctypes.byref(info)),
-                    "twins plan")
-    arena = torch.empty(info.arena_size, dtype=torch.int32)
-    _lib.host_check(planner.lib.gmh_twins_plan_write(planner.handle, arena.data_ptr()), "twins plan")
+    arena = plan_arena("twins", a, info, "twins plan")
     plan = TwinsPlan(arena, _layout(info, per_sample, (grid, grid), sr_ratios)).to(device)
     if cache:
         indices._plan_cache.put(key, plan)
