@@ -128,11 +128,17 @@ def check_inputs(q, k, v, bias, ix: Index) -> None:
                                 f"{(2 * window - 1) ** 2}")
         if bias.device != q.device:
             raise GreenmimError(f"greenmim: bias table is on {bias.device}, q on {q.device}")
-    if uses_kernels(q):
-        if q.dtype not in _lib.GM_DTYPES:
-            raise GreenmimError(f"greenmim: the CUDA kernels take float32, float16 or bfloat16, got {q.dtype}")
-    elif q.dtype not in (torch.float32, torch.float64):
-        raise GreenmimError(f"greenmim: on the CPU the reference runs float32 and float64, got {q.dtype} "
+    check_dtype(q)
+
+
+def check_dtype(x: torch.Tensor, where: str = "") -> None:
+    """The dtypes of the path ``x`` takes: the kernels fp32/fp16/bf16, the CPU reference fp32/fp64."""
+    at = f"greenmim: {where}: " if where else "greenmim: "
+    if uses_kernels(x):
+        if x.dtype not in _lib.GM_DTYPES:
+            raise GreenmimError(f"{at}the CUDA kernels take float32, float16 or bfloat16, got {x.dtype}")
+    elif x.dtype not in (torch.float32, torch.float64):
+        raise GreenmimError(f"{at}on the CPU the reference runs float32 and float64, got {x.dtype} "
                             f"(fp16/bf16 run on CUDA)")
 
 

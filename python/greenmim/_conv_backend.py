@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from . import _lib
-from ._backend import _kernel_lib, _rows, _stream, device_buffer, uses_kernels
+from ._backend import _kernel_lib, _rows, _stream, check_dtype, device_buffer, uses_kernels
 from ._lib import GreenmimError
 
 
@@ -46,12 +46,7 @@ def _check_features(where: str, x: Tensor, weight: Tensor, bias: Optional[Tensor
     for n, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.device != x.device:
             raise GreenmimError(f"greenmim: {where}: {n} is on {t.device}, the features on {x.device}")
-    if uses_kernels(x):
-        if x.dtype not in _lib.GM_DTYPES:
-            raise GreenmimError(f"greenmim: {where}: the CUDA kernels take float32, float16 or bfloat16, got {x.dtype}")
-    elif x.dtype not in (torch.float32, torch.float64):
-        raise GreenmimError(f"greenmim: {where}: on the CPU the reference runs float32 and float64, got {x.dtype} "
-                            f"(fp16/bf16 run on CUDA)")
+    check_dtype(x, where)
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
         raise GreenmimError(f"greenmim: {where}: bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
 
