@@ -168,13 +168,14 @@ def _header(rep, args, model, images, sampler, geometry, lr, amp, ctx, workers, 
     L = model.grid * model.grid
     keep = int(L * (1 - args.mask_ratio))
     masks = "one per image" if args.per_sample_masks else f"one per micro-batch of {args.batch_size}"
-    where = f"{workers} loader workers" if workers else "the main process (--num_workers 0)"
+    where = f"{workers} loader worker{'s' if workers > 1 else ''}" if workers else "the main process (--num_workers 0)"
     rep.print(f"greenmim.pretrain: {args.model} ({n / 1e6:.1f} M parameters): {geometry.img_size} px, window "
               f"{geometry.window}, decoder {model.mask_token.shape[-1]} x {len(model.decoder_blocks)}, decoder order "
               f"{model.decoder_order}, norm_pix_loss {model.norm_pix_loss}")
     rep.print(f"  data: {images.describe()}; masks: {masks}, ratio {args.mask_ratio} ({keep} of {L} units "
               f"visible), drawn and planned in {where}")
-    rep.print(f"  {args.batch_size} images x accum {args.accum_iter} x {ctx.world} process(es) = {sampler.global_batch} "
+    procs = f"{ctx.world} process{'es' if ctx.world > 1 else ''}"
+    rep.print(f"  {args.batch_size} images x accum {args.accum_iter} x {procs} = {sampler.global_batch} "
               f"per step; {sampler.steps_per_epoch} steps per epoch; {total} steps "
               f"({args.epochs} epochs{f', --max_steps {args.max_steps}' if args.max_steps else ''}); lr {lr:.3g} "
               f"(blr {args.blr:g}), warm-up {args.warmup_epochs:g} epochs, cosine to {args.min_lr:g}; AdamW (0.9, 0.95), "
