@@ -201,6 +201,7 @@ def _check_tokens(x: Tensor, ix: Index, slots_axis: bool) -> None:
 
 @torch.library.custom_op(f"{_LIB}::partition", mutates_args=())
 def _partition(x: Tensor, index: List[Tensor], group_size: int) -> Tensor:
+    _check_partition_device("partition", x, index)
     ix = Index.of(index, group_size)
     _check_tokens(x, ix, slots_axis=False)
     return _backend.partition_tokens(x, ix)
@@ -214,6 +215,7 @@ def _(x, index, group_size):
 
 @torch.library.custom_op(f"{_LIB}::unpartition", mutates_args=())
 def _unpartition(y: Tensor, index: List[Tensor], group_size: int) -> Tensor:
+    _check_partition_device("unpartition", y, index)
     ix = Index.of(index, group_size)
     _check_tokens(y, ix, slots_axis=True)
     return _backend.unpartition_tokens(y, ix)
