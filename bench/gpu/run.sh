@@ -14,7 +14,7 @@
 #   BUILD_DIR=<dir>  build folder (default build-gpu)
 #   JOBS=<n>         build parallelism (default: nproc)
 #   BATCH=<n>        benchmark batch (default 128)
-#   SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 SKIP_TORCH=1   skip a step
+#   SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 SKIP_TORCH=1 SKIP_PYTESTS=1   skip a step
 #   STEP_TIMEOUT=<s> time limit of each step (default 900)
 #   SAN_TIMEOUT=<s>  time limit of each compute-sanitizer tool (default 100)
 #   PYTHON=<exe>     interpreter of the Python steps (default python3)
@@ -174,14 +174,18 @@ else
   say "torch baselines: no partition JSON (benchmark did not run), skipped"
 fi
 
+# The package's steps (twins_ops.py first) import greenmim from python/ with the libraries just built.
+export PYTHONPATH="$GM_ROOT/python${PYTHONPATH:+:$PYTHONPATH}" GREENMIM_LIB_DIR="$BUILD_DIR/lib"
+
 # Twins' convolutions on visible tokens against copy bandwidth, cuBLAS and cuDNN (dense and
 # masked dense), Twins-L shapes at 25% and 40% visible units
 py_step "twins ops" "$GM_LOG/twins_ops.log" bench/gpu/twins_ops.py --batch 64 --csv "$GM_LOG/twins_ops.csv"
 
 # The PyTorch package (python/) on the GPU: its tests (CUDA ones included), then the training-step
 # claim (bench/gpu/train_step.py: SimMIM all-token Swin vs greenmim, Swin-B and Swin-L, batch 128).
-export PYTHONPATH="$GM_ROOT/python${PYTHONPATH:+:$PYTHONPATH}" GREENMIM_LIB_DIR="$BUILD_DIR/lib"
-if [ "$GM_HAVE_TORCH" -eq 1 ] && ! env "${GM_PY_ENV[@]}" "$PYTHON" -c "import pytest" >/dev/null 2>&1; then
+if [ "${SKIP_PYTESTS:-0}" = 1 ]; then
+  say "python tests: skipped (SKIP_PYTESTS=1)"
+elif [ "$GM_HAVE_TORCH" -eq 1 ] && ! env "${GM_PY_ENV[@]}" "$PYTHON" -c "import pytest" >/dev/null 2>&1; then
   say "python tests: $PYTHON has no pytest, skipped"
 else
   py_step "python tests" "$GM_LOG/python_tests.log" -m pytest -q -rs -p no:cacheprovider python/tests

@@ -176,7 +176,9 @@ __global__ void __launch_bounds__(mma_tile<D>::THREADS) attention_bwd_mma(const 
       __syncwarp();
       write_rows<T, D>(p.dq, vs, LDS, r0, lane, win, gather, b, h);
     }
+#ifndef GREENMIM_TEST_DROP_BWD_PHASE_BARRIER  // test-only: racecheck must see this barrier's race
     __syncthreads();  // nobody reads K or P any more
+#endif
 
     // ---- phase 3: dK = scale dS^T Q (key rows); dV and dK written ---------------------------------
     if (active) {
