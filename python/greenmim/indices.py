@@ -360,6 +360,29 @@ def _build_plan(host: Tensor, per_sample: bool, grid: int, window: int, num_stag
     return MaskPlan(arena, _layout(info, per_sample, (grid, grid)))
 
 
+def plan_inputs(visible: Tensor, strategy: str, img_size: int, patch_size: int, max_group_size: Optional[int],
+                device) -> Tuple[Tensor, bool, torch.device, int]:
+    """The checks and conversions every arena planner shares (``plan_masks``, ``plan_twins``): the
+    mask as contiguous uint8 ``[M, h, w]`` on the host, whether it is per sample, the target
+    device (default: the mask's) and the library's G cap (-1: the fast kernels' cap)."""
+    if not isinstance(visible, Tensor) or visible.dtype != torch.bool or visible.dim() not in (2, 3):
+        raise GreenmimError("greenmim: the mask must be a bool tensor [h, w] (shared) or [B, h, w] (per sample), "
+                            f"True = visible; got {getattr(visible, 'dtype', type(visible).__name__)} "
+                            f"{tuple(getattr(visible, 'shape', ()))}")
+    if strategy not in _lib.STRATEGIES:
+        raise GreenmimError(f"greenmim: unknown strategy {strategy!r}; one of {sorted(_lib.STRATEGIES)}")
+    if patch_size < 1 or img_size % patch_size:
+        raise GreenmimError(f"greenmim: image {img_size} is not a multiple of the patch {patch_size}")
+    if max_group_size is not None and max_group_size < 0:
+        raise GreenmimError(f"greenmim: max_group_size must be >= 0 (0 = no cap, None = the fast kernels' cap), "
+                            f"got {max_group_size}")
+    per_sample = visible.dim() == 3
+    host = visible.detach().to("cpu", torch.uint8)
+    host = (host if per_sample else host.unsqueeze(0)).contiguous()
+    device = torch.device(device) if device is not None else visible.device
+    return host, per_sample, device, -1 if max_group_size is None else int(max_group_size)
+
+
 def plan_masks(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, window_size: int = 7,
                num_stages: int = 4, embed_dim: int = 128, strategy: str = "fast", device=None,
                cache: bool = True, max_group_size: Optional[int] = None, group_size: int = 0) -> MaskPlan:
@@ -375,25 +398,7 @@ def plan_masks(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, win
     G, > 0 fixes it, -1 fixes each stage's G at its window's area (p*p): plans of different masks
     then differ only in their number of groups (torch.compile, :meth:`MaskPlan.mark_dynamic`).
     Plans are cached per (mask, geometry, planner settings, device): a hit costs a hash of the mask."""
-    if not isinstance(visible, Tensor) or visible.dtype != torch.bool:
-        raise GreenmimError("greenmim: the mask must be a bool tensor (True = visible)")
-    if visible.dim() not in (2, 3):
-        raise GreenmimError(f"greenmim: the mask is [h, w] (shared) or [B, h, w] (per sample), "
-                            f"got {tuple(visible.shape)}")
-    if strategy not in _lib.STRATEGIES:
-        raise GreenmimError(f"greenmim: unknown strategy {strategy!r}; one of {sorted(_lib.STRATEGIES)}")
-    if patch_size < 1 or img_size % patch_size:
-        raise GreenmimError(f"greenmim: image {img_size} is not a multiple of the patch {patch_size}")
-    if max_group_size is not None and max_group_size < 0:
-        raise GreenmimError(f"greenmim: max_group_size must be >= 0 (0 = no cap, None = the fast kernels' cap), "
-                            f"got {max_group_size}")
-    device = torch.device(device) if device is not None else visible.device
-    per_sample = visible.dim() == 3
-    host = visible.detach()
-    if host.device.type != "cpu":
-        host = host.cpu()
-    host = (host if per_sample else host.unsqueeze(0)).to(torch.uint8).contiguous()
-    cap = -1 if max_group_size is None else int(max_group_size)
+    host, per_sample, device, cap = plan_inputs(visible, strategy, img_size, patch_size, max_group_size, device)
     if cache:
         key = (host.numpy().tobytes(), tuple(host.shape), per_sample, img_size, patch_size, window_size, num_stages,
                embed_dim, strategy, group_size, cap, str(device))

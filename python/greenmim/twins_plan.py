@@ -143,26 +143,12 @@ def plan_twins(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, win
     sub-sampling ``sr_ratios[s]`` (both must divide the stage's grid), ``channels[s]`` for the
     planner's cost model. ``strategy``, ``group_size`` (-1: each stage's window area, for
     torch.compile), ``max_group_size``, ``device`` and ``cache`` as :func:`greenmim.plan_masks`."""
-    if not isinstance(visible, Tensor) or visible.dtype != torch.bool or visible.dim() not in (2, 3):
-        raise GreenmimError("greenmim: the mask must be a bool tensor [h, w] (shared) or [B, h, w] (per sample), "
-                            f"True = visible; got {getattr(visible, 'dtype', type(visible).__name__)} "
-                            f"{tuple(getattr(visible, 'shape', ()))}")
+    host, per_sample, device, cap = indices.plan_inputs(visible, strategy, img_size, patch_size, max_group_size,
+                                                        device)
     S = len(windows)
     if not (len(sr_ratios) == len(channels) == S) or not 1 <= S <= _lib.GMH_MAX_STAGES:
         raise GreenmimError(f"greenmim: windows, sr_ratios and channels need one entry per stage (1..8), got "
                             f"{len(windows)}, {len(sr_ratios)}, {len(channels)}")
-    if strategy not in _lib.STRATEGIES:
-        raise GreenmimError(f"greenmim: unknown strategy {strategy!r}; one of {sorted(_lib.STRATEGIES)}")
-    if patch_size < 1 or img_size % patch_size:
-        raise GreenmimError(f"greenmim: image {img_size} is not a multiple of the patch {patch_size}")
-    if max_group_size is not None and max_group_size < 0:
-        raise GreenmimError(f"greenmim: max_group_size must be >= 0 (0 = no cap, None = the fast kernels' cap), "
-                            f"got {max_group_size}")
-    device = torch.device(device) if device is not None else visible.device
-    per_sample = visible.dim() == 3
-    host = visible.detach().to("cpu", torch.uint8)
-    host = (host if per_sample else host.unsqueeze(0)).contiguous()
-    cap = -1 if max_group_size is None else int(max_group_size)
     geo = (img_size, patch_size, tuple(windows), tuple(sr_ratios), tuple(channels), strategy, group_size, cap)
     if cache:
         key = ("twins", host.numpy().tobytes(), tuple(host.shape), per_sample, geo, str(device))
