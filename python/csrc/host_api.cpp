@@ -356,6 +356,18 @@ void describe_twins(const twins_stage& st, gmh_twins_stage& o) {
   o.unit_rank = range(st.unit_rank);
 }
 
+//! The planner options of both plan ABIs: group_size > 0 fixes G, -1 fixes it at each window's
+//! area; max_group_size > 0 caps G, < 0 takes the fast kernels' cap per stage.
+encoder_plan_options plan_options(int32_t strat, int32_t group_size, int32_t max_group_size) {
+  encoder_plan_options opt;
+  opt.strat = static_cast<strategy>(strat);
+  opt.group_size = group_size > 0 ? group_size : 0;
+  opt.window_area_groups = group_size == -1;
+  opt.max_group_size = max_group_size > 0 ? max_group_size : 0;
+  if (max_group_size < 0) opt.stage_cap = &greenmim::fast_path_max_group;
+  return opt;
+}
+
 }  // namespace
 
 struct gmh_encoder_planner {
@@ -549,12 +561,7 @@ int gmh_encoder_plan_prepare(gmh_encoder_planner* p, const gmh_encoder_args* a, 
     const auto t0 = std::chrono::steady_clock::now();
     const std::int64_t n = static_cast<std::int64_t>(a->num_masks) * a->mask_height * a->mask_width;
     encoder_geometry geo{a->grid, a->window, a->num_stages, a->embed_dim};
-    encoder_plan_options opt;
-    opt.strat = static_cast<strategy>(a->strategy);
-    opt.group_size = a->group_size > 0 ? a->group_size : 0;
-    opt.window_area_groups = a->group_size == -1;
-    opt.max_group_size = a->max_group_size > 0 ? a->max_group_size : 0;
-    if (a->max_group_size < 0) opt.stage_cap = &greenmim::fast_path_max_group;
+    const encoder_plan_options opt = plan_options(a->strategy, a->group_size, a->max_group_size);
     encoder_plan layout;
     if (status s = p->planner.prepare(span<const std::uint8_t>(a->visible, n), a->num_masks, a->mask_height,
                                       a->mask_width, a->per_sample != 0, geo, opt, layout);
@@ -613,12 +620,7 @@ int gmh_twins_plan_prepare(gmh_twins_planner* p, const gmh_twins_args* a, gmh_tw
     geo.windows.assign(a->window, a->window + a->num_stages);
     geo.sr_ratios.assign(a->sr_ratio, a->sr_ratio + a->num_stages);
     geo.channels.assign(a->channels, a->channels + a->num_stages);
-    encoder_plan_options opt;
-    opt.strat = static_cast<strategy>(a->strategy);
-    opt.group_size = a->group_size > 0 ? a->group_size : 0;
-    opt.window_area_groups = a->group_size == -1;
-    opt.max_group_size = a->max_group_size > 0 ? a->max_group_size : 0;
-    if (a->max_group_size < 0) opt.stage_cap = &greenmim::fast_path_max_group;
+    const encoder_plan_options opt = plan_options(a->strategy, a->group_size, a->max_group_size);
     twins_plan layout;
     if (status s = p->planner.prepare(span<const std::uint8_t>(a->visible, n), a->num_masks, a->mask_height,
                                       a->mask_width, a->per_sample != 0, geo, opt, layout);
