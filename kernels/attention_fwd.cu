@@ -77,15 +77,10 @@ cudaError_t run_fwd(const gm_attention_fwd_args& a, const attn_dims& d, bool use
       p.q_tiles = 1;
       if constexpr (D == 32) {  // several heads per CTA (head_dim 64: see fwd_heads_min_ctas)
         auto fits = [&](int hpc) { return C::smem_fwd_heads(d.bias_rows, hpc) <= k_default_smem_bytes; };
-        int hpc = 1;
+        int hpc = 1;  // the automatic choice (fwd_tuning.hpp says why)
         if (tuning.heads_per_cta > 0) {
           hpc = tuning.heads_per_cta < d.H ? tuning.heads_per_cta : static_cast<int>(d.H);
           while (hpc > 1 && !fits(hpc)) --hpc;
-        } else if (d.H > 1) {
-          int dev = 0, sms = 0;
-          GM_TRY(cudaGetDevice(&dev));
-          GM_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-          hpc = fwd_mma_heads_per_cta(a.part.num_groups, d.H, d.B, sms, fits(4), fits(2));
         }
         if (hpc > 1) {
           const unsigned head_ctas = static_cast<unsigned>((d.H + hpc - 1) / hpc);

@@ -374,19 +374,19 @@ int main(int argc, char** argv) {
             opt.warmup, opt.reps);
         add(algo == GM_ALGO_AUTO ? "forward (auto)" : "forward (simt)", ms, 4 * row_bytes + lse_bytes, fwd_flops);
       }
-      {  // the tensor-core forward forced to one head per CTA: the A/B of the automatic choice
-        // (G <= 64; above, the query-tile kernel always runs one head per CTA: the AUTO row)
+      {  // the tensor-core forward with two heads per CTA: the A/B of the automatic choice (one;
+        // kernels/detail/fwd_tuning.hpp). G <= 64; above, the query-tile kernel always runs one.
         const gm_attention_fwd_args probe = fwd_args(0, GM_ALGO_MMA);
         if (part.group_size <= 64 && gm_attention_fwd_can_implement(&probe) == cudaSuccess) {
-          greenmim::detail::cuda::fwd_tuning one_head;
-          one_head.heads_per_cta = 1;
+          greenmim::detail::cuda::fwd_tuning two_heads;
+          two_heads.heads_per_cta = 2;
           const double ms = median_ms(
               [&](int i) {
                 const gm_attention_fwd_args a = fwd_args(i % sets, GM_ALGO_MMA);
-                BENCH_CHECK(greenmim::detail::cuda::attention_fwd(&a, one_head, nullptr));
+                BENCH_CHECK(greenmim::detail::cuda::attention_fwd(&a, two_heads, nullptr));
               },
               opt.warmup, opt.reps);
-          add("forward (mma, 1 head/CTA)", ms, 4 * row_bytes + lse_bytes, fwd_flops);
+          add("forward (mma, 2 heads/CTA)", ms, 4 * row_bytes + lse_bytes, fwd_flops);
         }
       }
       // the tensor-core backward where it applies (G <= 256), and the SIMT one

@@ -94,21 +94,6 @@ void check_heads(const problem& prob, gm_dtype dt, std::int64_t H, bool with_bia
 
 }  // namespace
 
-TEST_CASE("attention forward heads per CTA (host): the launch rule") {
-  using greenmim::detail::cuda::fwd_mma_heads_per_cta;
-  // Swin-B at batch 128 on an H100 (132 SMs, two waves = 2112 CTAs of the one-head kernel)
-  CHECK(fwd_mma_heads_per_cta(16, 4, 128, 132, true, true) == 2);   // stage 1: 4096 CTAs with 2 heads each
-  CHECK(fwd_mma_heads_per_cta(4, 8, 128, 132, true, true) == 1);    // stage 2: 2048 < 2112 already with 2
-  CHECK(fwd_mma_heads_per_cta(7, 8, 128, 132, true, true) == 2);    // stage 2 shifted
-  CHECK(fwd_mma_heads_per_cta(1, 16, 128, 132, true, true) == 1);   // stage 3
-  CHECK(fwd_mma_heads_per_cta(16, 4, 512, 132, true, true) == 4);   // a larger batch
-  CHECK(fwd_mma_heads_per_cta(16, 4, 512, 132, false, true) == 2);  // 4 bias columns do not fit
-  CHECK(fwd_mma_heads_per_cta(16, 4, 512, 132, false, false) == 1);
-  CHECK(fwd_mma_heads_per_cta(1000, 1, 1000, 132, true, true) == 1);  // one head
-  CHECK(fwd_mma_heads_per_cta(1000, 3, 1000, 132, true, true) == 2);  // never more than the heads
-  CHECK(fwd_mma_heads_per_cta(1, 4, 1, 0, true, true) == 1);          // tiny grid; no SM count
-}
-
 TEST_CASE("gpu attention forward: several heads per CTA give the one-head kernel's bits") {
   GM_SKIP_WITHOUT_DEVICE();
   const std::uint64_t seed = fresh_seed();
