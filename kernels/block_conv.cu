@@ -3,14 +3,17 @@
 //! forward and backward, as gather + GEMM (docs/sparse-conv.md; block tables from
 //! include/greenmim/sparse_conv.hpp). One tiled SIMT GEMM kernel serves the three products
 //! (64 x 64 x 16 tiles of fp32 in shared memory, 4 x 4 outputs per thread; no cuBLAS: the A
-//! operand is a gather of whole blocks and dx a scatter, which a GEMM library cannot fuse):
+//! operand is a gather of whole blocks and dx a scatter, which a GEMM library cannot fuse).
+//! Where the output tiles alone are too few CTAs, the reduction is split (split-K: grid.z,
+//! detail/conv_split.hpp, a function of the shapes only): each split writes fp32 partials to the
+//! workspace and a second kernel sums them in split order and stores (deterministic, no atomics):
 //! - forward  Y[b*N_next + n, o] = sum_k A[., k] W'[o, k] + bias[o], A[n, p*C_in + c] =
 //!   x[b, gather[n*s*s + p], c], W'[o, p*C_in + c] = weight[o, c, p] (PyTorch's layout, read in
 //!   place);
 //! - dx: zeroed, then dA = dY W' scattered to x's rows through the table (each input in at most
 //!   one block: plain stores);
-//! - dweight = dY^T A, one thread per output summing all rows in order (no split-K: deterministic);
-//!   dbias: one thread per channel, rows in order.
+//! - dweight = dY^T A over all rows, with dbias as one more column of the gathered operand (all
+//!   ones), so both share the GEMM and its split.
 //! Table entries outside [0, N) read as zero / are skipped (never an out-of-bounds access).
 #include <greenmim/kernels.h>
 
@@ -19,6 +22,7 @@
 
 #include <greenmim/sparse_conv.hpp>
 
+#include "detail/conv_split.hpp"
 #include "detail/device_common.cuh"
 #include "detail/host_checks.hpp"
 #include "detail/launch.cuh"
@@ -28,10 +32,10 @@ namespace detail {
 namespace cuda {
 namespace {
 
-constexpr int k_red_threads = 256;  // row-wise kernels (zero_rows, block_dbias)
+constexpr int k_red_threads = 256;  // element-wise kernels (zero_rows, splitk_reduce)
 
 // ---- block conv: one tiled SIMT GEMM, operands through accessors --------------------------------------
-constexpr int k_bm = 64, k_bn = 64, k_bk = 16, k_gemm_threads = 256;
+constexpr int k_bm = k_gemm_bm, k_bn = k_gemm_bn, k_bk = k_gemm_bk, k_gemm_threads = 256;
 
 struct block_geom {
   const index_t* gather = nullptr;  // [n_next, P]
@@ -85,31 +89,40 @@ struct bc_dx_op {
   }
 };
 
-//! dweight: rows o, columns j = p * C_in + c, reduction m = b * n_next + n (all rows, in order).
+//! dweight and dbias: rows o, columns j = jbase + column (j = p * C_in + c < P * C_in: dweight;
+//! j = P * C_in: dbias, a column of ones), reduction m = b * n_next + n (all rows).
 template <class T>
 struct bc_dw_op {
   block_geom g;
   const T* x = nullptr;
   const T* dy = nullptr;
   float* dw = nullptr;
+  float* db = nullptr;
   std::int64_t x_s0 = 0, x_s1 = 0, dy_s0 = 0, dy_s1 = 0;
+  int jbase = 0;  // P * C_in when only dbias is wanted (N = 1)
   int M = 0, N = 0, K = 0;
   __device__ __forceinline__ float a(int o, int m) const {
     return to_float(__ldg(dy + (m / g.n_next) * dy_s0 + (m % g.n_next) * dy_s1 + o));
   }
-  __device__ __forceinline__ float b(int m, int j) const {
+  __device__ __forceinline__ float b(int m, int col) const {
+    const int j = jbase + col;
+    if (j == g.P * g.cin) return 1.f;
     const index_t t = g.token(m % g.n_next, j / g.cin);
     return t == pad_index ? 0.f : to_float(__ldg(x + (m / g.n_next) * x_s0 + t * x_s1 + j % g.cin));
   }
-  __device__ __forceinline__ void store(int o, int j, float v) const {
-    dw[(static_cast<std::int64_t>(o) * g.cin + j % g.cin) * g.P + j / g.cin] = v;
+  __device__ __forceinline__ void store(int o, int col, float v) const {
+    const int j = jbase + col;
+    if (j == g.P * g.cin) db[o] = v;
+    else dw[(static_cast<std::int64_t>(o) * g.cin + j % g.cin) * g.P + j / g.cin] = v;
   }
 };
 
 //! C[M, N] = A[M, K] B[K, N] through op.a / op.b / op.store; fp32 in shared memory, each thread
-//! 4 x 4 outputs, k ascending (a fixed order: deterministic).
+//! 4 x 4 outputs, k ascending (a fixed order: deterministic). Split blockIdx.z covers
+//! k in [z * k_per, (z + 1) * k_per); with `partial`, it writes its sums to partial[z][M][N]
+//! (splitk_reduce stores them), else it stores through op.store.
 template <class Op>
-__global__ void __launch_bounds__(k_gemm_threads) gather_gemm(const Op op) {
+__global__ void __launch_bounds__(k_gemm_threads) gather_gemm(const Op op, const int k_per, float* partial) {
   __shared__ float As[k_bk][k_bm + 4];
   __shared__ float Bs[k_bk][k_bn + 4];
   const int m0 = static_cast<int>(blockIdx.y) * k_bm, n0 = static_cast<int>(blockIdx.x) * k_bn;
@@ -119,14 +132,16 @@ __global__ void __launch_bounds__(k_gemm_threads) gather_gemm(const Op op) {
   for (int i = 0; i < 4; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
-  for (int k0 = 0; k0 < op.K; k0 += k_bk) {
+  const int k_begin = static_cast<int>(blockIdx.z) * k_per;
+  const int k_end = op.K - k_begin > k_per ? k_begin + k_per : op.K;
+  for (int k0 = k_begin; k0 < k_end; k0 += k_bk) {
     for (int i = static_cast<int>(threadIdx.x); i < k_bm * k_bk; i += k_gemm_threads) {
       const int r = i / k_bk, kk = i % k_bk;
-      As[kk][r] = (m0 + r < op.M && k0 + kk < op.K) ? op.a(m0 + r, k0 + kk) : 0.f;
+      As[kk][r] = (m0 + r < op.M && k0 + kk < k_end) ? op.a(m0 + r, k0 + kk) : 0.f;
     }
     for (int i = static_cast<int>(threadIdx.x); i < k_bk * k_bn; i += k_gemm_threads) {
       const int kk = i / k_bn, c = i % k_bn;
-      Bs[kk][c] = (k0 + kk < op.K && n0 + c < op.N) ? op.b(k0 + kk, n0 + c) : 0.f;
+      Bs[kk][c] = (k0 + kk < k_end && n0 + c < op.N) ? op.b(k0 + kk, n0 + c) : 0.f;
     }
     __syncthreads();
 #pragma unroll
@@ -148,8 +163,23 @@ __global__ void __launch_bounds__(k_gemm_threads) gather_gemm(const Op op) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int r = m0 + ty * 4 + i, c = n0 + tx * 4 + j;
-      if (r < op.M && c < op.N) op.store(r, c, acc[i][j]);
+      if (r >= op.M || c >= op.N) continue;
+      if (partial)
+        partial[(static_cast<std::int64_t>(blockIdx.z) * op.M + r) * op.N + c] = acc[i][j];
+      else
+        op.store(r, c, acc[i][j]);
     }
+}
+
+//! C[r, c] = the splits' partials summed in split order, stored through op.store.
+template <class Op>
+__global__ void __launch_bounds__(k_red_threads) splitk_reduce(const Op op, const int splits, const float* partial) {
+  const std::int64_t mn = static_cast<std::int64_t>(op.M) * op.N;
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= mn) return;
+  float s = 0.f;
+  for (int z = 0; z < splits; ++z) s += partial[z * mn + i];
+  op.store(static_cast<int>(i / op.N), static_cast<int>(i % op.N), s);
 }
 
 //! Zeroes rows of a [B, N, C] tensor (dx before the scatter).
@@ -161,18 +191,6 @@ __global__ void __launch_bounds__(k_red_threads) zero_rows(T* p, std::int64_t s0
   if (i >= per * batch) return;
   const std::int64_t b = i / per, r = i % per;
   p[b * s0 + (r / channels) * s1 + r % channels] = from_float<T>(0.f);
-}
-
-//! dbias[o] = sum over rows of dy, rows in order.
-template <class T>
-__global__ void __launch_bounds__(k_red_threads) block_dbias(const T* dy, std::int64_t s0, std::int64_t s1,
-                                                            int batch, int rows, int cout, float* dbias) {
-  const int o = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (o >= cout) return;
-  float s = 0.f;
-  for (int b = 0; b < batch; ++b)
-    for (int n = 0; n < rows; ++n) s += to_float(__ldg(dy + b * s0 + n * s1 + o));
-  dbias[o] = s;
 }
 
 cudaError_t check_block_args(const gm_block_conv_args* a, bool backward) {
@@ -190,6 +208,7 @@ cudaError_t check_block_args(const gm_block_conv_args* a, bool backward) {
                    mul_sat(mul_sat(B, N), Ci) > 0x7fffffff || mul_sat(P, Ci) > 0x7fffffff || Co > 0x7fffffff,
                "extents too large for int32 GEMM indices");
   GM_REFUSE_IF((B * Nn + k_bm - 1) / k_bm > 65535 || (Co + k_bm - 1) / k_bm > 65535, "too many rows for the grid");
+  GM_REFUSE_IF(P * Ci >= 0x7fffffff, "extents too large for int32 GEMM indices (s * s * C_in + 1)");
   const std::size_t es = dtype_bytes(a->dtype);
   const std::int64_t xe[3] = {B, N, Ci}, oe[3] = {B, Nn, Co};
   GM_TRY(check_tensor(a->x, 3, xe, es, true, false, "x must be [B, N, C_in], element-aligned, unit last stride"));
@@ -210,11 +229,57 @@ cudaError_t check_block_args(const gm_block_conv_args* a, bool backward) {
   return cudaSuccess;
 }
 
+//! op's GEMM split as gemm_split_for says; `workspace` holds its partials when it splits.
 template <class Op>
-cudaError_t launch_gemm(const Op& op, cudaStream_t stream) {
+cudaError_t launch_gemm(const Op& op, float* workspace, cudaStream_t stream) {
   if (op.M == 0 || op.N == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>((op.N + k_bn - 1) / k_bn), static_cast<unsigned>((op.M + k_bm - 1) / k_bm));
-  return launch(gather_gemm<Op>, grid, k_gemm_threads, 0, stream, op);
+  const gemm_split sp = gemm_split_for(op.M, op.N, op.K);
+  const dim3 grid(static_cast<unsigned>((op.N + k_bn - 1) / k_bn), static_cast<unsigned>((op.M + k_bm - 1) / k_bm),
+                  static_cast<unsigned>(sp.splits));
+  float* partial = sp.splits > 1 ? workspace : nullptr;
+  GM_TRY(launch(gather_gemm<Op>, grid, k_gemm_threads, 0, stream, op, sp.k_per, partial));
+  if (!partial) return cudaSuccess;
+  const std::int64_t mn = static_cast<std::int64_t>(op.M) * op.N;
+  return launch(splitk_reduce<Op>, dim3(static_cast<unsigned>((mn + k_red_threads - 1) / k_red_threads)), k_red_threads,
+                0, stream, op, sp.splits, static_cast<const float*>(partial));
+}
+
+//! The three GEMMs' (M, N, K): forward, dx, dweight (+ dbias column).
+struct block_gemms {
+  std::int64_t rows = 0, P = 0, cin = 0, cout = 0;  // rows = B * N_next
+  std::int64_t dw_cols(const gm_block_conv_args* a) const {
+    return (a->dweight ? P * cin : 0) + (a->dbias ? 1 : 0);
+  }
+};
+
+block_gemms gemm_shapes(const gm_block_conv_args* a, const gm_tensor& out) {
+  block_gemms s;
+  s.rows = a->x.extent[0] * out.extent[1];
+  s.P = static_cast<std::int64_t>(a->stride) * a->stride;
+  s.cin = a->x.extent[2];
+  s.cout = out.extent[2];
+  return s;
+}
+
+std::size_t block_fwd_workspace_bytes(const gm_block_conv_args* a) {
+  const block_gemms s = gemm_shapes(a, a->y);
+  const std::int64_t K = s.P * s.cin;
+  return static_cast<std::size_t>(gemm_split_for(s.rows, s.cout, K).partial_floats(s.rows, s.cout)) * sizeof(float);
+}
+
+std::size_t block_bwd_workspace_bytes(const gm_block_conv_args* a) {
+  const block_gemms s = gemm_shapes(a, a->dy);
+  const std::int64_t dx = gemm_split_for(s.rows, s.P * s.cin, s.cout).partial_floats(s.rows, s.P * s.cin);
+  const std::int64_t cols = s.dw_cols(a);
+  const std::int64_t dw = gemm_split_for(s.cout, cols, s.rows).partial_floats(s.cout, cols);
+  return static_cast<std::size_t>(dx > dw ? dx : dw) * sizeof(float);
+}
+
+cudaError_t check_workspace(std::size_t need, const void* workspace, std::size_t bytes, const char* size_fn) {
+  GM_REFUSE_IF(bytes < need, size_fn);
+  GM_REFUSE_IF(need > 0 && (workspace == nullptr || reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0),
+               "workspace must be non-null and 16-byte aligned");
+  return cudaSuccess;
 }
 
 block_geom make_geom(const gm_block_conv_args* a, const gm_tensor& out) {
@@ -231,7 +296,7 @@ block_geom make_geom(const gm_block_conv_args* a, const gm_tensor& out) {
 }
 
 template <class T>
-cudaError_t run_block_fwd(const gm_block_conv_args* a, cudaStream_t stream) {
+cudaError_t run_block_fwd(const gm_block_conv_args* a, float* workspace, cudaStream_t stream) {
   bc_fwd_op<T> op;
   op.g = make_geom(a, a->y);
   op.x = static_cast<const T*>(a->x.data);
@@ -242,11 +307,11 @@ cudaError_t run_block_fwd(const gm_block_conv_args* a, cudaStream_t stream) {
   op.M = op.g.batch * op.g.n_next;
   op.N = op.g.cout;
   op.K = op.g.P * op.g.cin;
-  return launch_gemm(op, stream);
+  return launch_gemm(op, workspace, stream);
 }
 
 template <class T>
-cudaError_t run_block_bwd(const gm_block_conv_args* a, cudaStream_t stream) {
+cudaError_t run_block_bwd(const gm_block_conv_args* a, float* workspace, cudaStream_t stream) {
   const block_geom g = make_geom(a, a->dy);
   const T* dy = static_cast<const T*>(a->dy.data);
   const std::int64_t xs = static_cast<std::int64_t>(g.batch) * g.tokens * g.cin;
@@ -262,26 +327,27 @@ cudaError_t run_block_bwd(const gm_block_conv_args* a, cudaStream_t stream) {
   dx.M = g.batch * g.n_next;
   dx.N = g.P * g.cin;
   dx.K = g.cout;
-  GM_TRY(launch_gemm(dx, stream));
-  if (a->dweight) {
-    bc_dw_op<T> dw;
-    dw.g = g;
-    dw.x = static_cast<const T*>(a->x.data);
-    dw.dy = dy;
-    dw.dw = a->dweight;
-    dw.x_s0 = a->x.stride[0]; dw.x_s1 = a->x.stride[1];
-    dw.dy_s0 = a->dy.stride[0]; dw.dy_s1 = a->dy.stride[1];
-    dw.M = g.cout;
-    dw.N = g.P * g.cin;
-    dw.K = g.batch * g.n_next;
-    if (dw.K == 0 && dw.M > 0 && dw.N > 0)
-      GM_TRY(cudaMemsetAsync(a->dweight, 0, static_cast<std::size_t>(dw.M) * dw.N * sizeof(float), stream));
-    else
-      GM_TRY(launch_gemm(dw, stream));
+  GM_TRY(launch_gemm(dx, workspace, stream));
+  if (!a->dweight && !a->dbias) return cudaSuccess;
+  bc_dw_op<T> dw;
+  dw.g = g;
+  dw.x = static_cast<const T*>(a->x.data);
+  dw.dy = dy;
+  dw.dw = a->dweight;
+  dw.db = a->dbias;
+  dw.x_s0 = a->x.stride[0]; dw.x_s1 = a->x.stride[1];
+  dw.dy_s0 = a->dy.stride[0]; dw.dy_s1 = a->dy.stride[1];
+  dw.jbase = a->dweight ? 0 : g.P * g.cin;
+  dw.M = g.cout;
+  dw.N = static_cast<int>(gemm_shapes(a, a->dy).dw_cols(a));
+  dw.K = g.batch * g.n_next;
+  if (dw.K == 0) {  // no rows: zero gradients
+    if (a->dweight && g.cout > 0 && g.P * g.cin > 0)
+      GM_TRY(cudaMemsetAsync(a->dweight, 0, static_cast<std::size_t>(g.cout) * g.P * g.cin * sizeof(float), stream));
+    if (a->dbias && g.cout > 0) GM_TRY(cudaMemsetAsync(a->dbias, 0, static_cast<std::size_t>(g.cout) * sizeof(float), stream));
+    return cudaSuccess;
   }
-  if (a->dbias && g.cout > 0)
-    GM_TRY(launch(block_dbias<T>, dim3(static_cast<unsigned>((g.cout + k_red_threads - 1) / k_red_threads)),
-                  k_red_threads, 0, stream, dy, a->dy.stride[0], a->dy.stride[1], g.batch, g.n_next, g.cout, a->dbias));
+  GM_TRY(launch_gemm(dw, workspace, stream));
   return cudaSuccess;
 }
 
@@ -296,10 +362,24 @@ extern "C" cudaError_t gm_block_conv_fwd_can_implement(const gm_block_conv_args*
   return no_throw([&] { return check_block_args(args, false); });
 }
 
-extern "C" cudaError_t gm_block_conv_fwd(const gm_block_conv_args* args, cudaStream_t stream) {
+extern "C" cudaError_t gm_block_conv_fwd_workspace_size(const gm_block_conv_args* args, size_t* bytes) {
   return no_throw([&]() -> cudaError_t {
     GM_TRY(check_block_args(args, false));
-    return with_element_type(args->dtype, [&](auto t) { return run_block_fwd<typename decltype(t)::type>(args, stream); });
+    GM_REFUSE_IF(bytes == nullptr, "bytes is null");
+    *bytes = block_fwd_workspace_bytes(args);
+    return cudaSuccess;
+  });
+}
+
+extern "C" cudaError_t gm_block_conv_fwd(const gm_block_conv_args* args, void* workspace, size_t workspace_bytes,
+                                         cudaStream_t stream) {
+  return no_throw([&]() -> cudaError_t {
+    GM_TRY(check_block_args(args, false));
+    GM_TRY(check_workspace(block_fwd_workspace_bytes(args), workspace, workspace_bytes,
+                           "workspace too small (gm_block_conv_fwd_workspace_size)"));
+    return with_element_type(args->dtype, [&](auto t) {
+      return run_block_fwd<typename decltype(t)::type>(args, static_cast<float*>(workspace), stream);
+    });
   });
 }
 
@@ -307,9 +387,23 @@ extern "C" cudaError_t gm_block_conv_bwd_can_implement(const gm_block_conv_args*
   return no_throw([&] { return check_block_args(args, true); });
 }
 
-extern "C" cudaError_t gm_block_conv_bwd(const gm_block_conv_args* args, cudaStream_t stream) {
+extern "C" cudaError_t gm_block_conv_bwd_workspace_size(const gm_block_conv_args* args, size_t* bytes) {
   return no_throw([&]() -> cudaError_t {
     GM_TRY(check_block_args(args, true));
-    return with_element_type(args->dtype, [&](auto t) { return run_block_bwd<typename decltype(t)::type>(args, stream); });
+    GM_REFUSE_IF(bytes == nullptr, "bytes is null");
+    *bytes = block_bwd_workspace_bytes(args);
+    return cudaSuccess;
+  });
+}
+
+extern "C" cudaError_t gm_block_conv_bwd(const gm_block_conv_args* args, void* workspace, size_t workspace_bytes,
+                                         cudaStream_t stream) {
+  return no_throw([&]() -> cudaError_t {
+    GM_TRY(check_block_args(args, true));
+    GM_TRY(check_workspace(block_bwd_workspace_bytes(args), workspace, workspace_bytes,
+                           "workspace too small (gm_block_conv_bwd_workspace_size)"));
+    return with_element_type(args->dtype, [&](auto t) {
+      return run_block_bwd<typename decltype(t)::type>(args, static_cast<float*>(workspace), stream);
+    });
   });
 }

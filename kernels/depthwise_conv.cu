@@ -2,12 +2,17 @@
 //! The depthwise 3x3 submanifold conv of Twins' PEG on visible tokens, forward and backward
 //! (docs/sparse-conv.md; neighbour tables from include/greenmim/sparse_conv.hpp, built on the
 //! host). fp32/fp16/bf16 features, fp32 weights and accumulation.
-//! - forward and dx: one thread per (token, V channels), V = 8 (16-byte vectors, C % 8 == 0 and
-//!   16-byte aligned rows) or 1; grid.y walks the batch. dx gathers through the mirrored offsets
-//!   of the forward table (no scatter, no atomics): dx[s] = sum_o w[o] dy[nbr[s, 8 - o]] (+ dy[s]).
-//! - dweight and dbias, deterministic: the token axis is cut into fixed tiles of k_dw_tile tokens;
-//!   one thread sums its (9 + 1) x V products of one tile over the batch in a fixed order into
-//!   per-tile partials, which a second kernel sums in ascending tile order (no float atomics).
+//! - forward and dx: a block is `rows` tokens x `gb` channel groups of V channels (V = 8: 16-byte
+//!   vectors, C % 8 == 0 and 16-byte aligned rows; else V = 1), gb = min(C / V, 32); it stages
+//!   its channels' 9 weights per channel in shared memory (tap-major), so a thread holds only its 9
+//!   neighbour indices and its accumulators in registers; grid.z walks the batch. dx gathers
+//!   through the mirrored offsets of the forward table (no scatter, no atomics):
+//!   dx[s] = sum_o w[o] dy[nbr[s, 8 - o]] (+ dy[s]).
+//! - dweight and dbias, deterministic: (tokens x samples) is cut into pieces (conv_split.hpp: the
+//!   cut depends on the shapes only); in a piece each thread sums its (9 + 1) x V products (V = 2
+//!   or 1) over its tokens and samples in a fixed order, the block sums its token rows in shared
+//!   memory in a fixed order into one partial per piece, and a second kernel sums the pieces'
+//!   partials in ascending order (no float atomics).
 //! Table entries outside [0, N) read as zero (never an out-of-bounds access).
 #include <greenmim/kernels.h>
 
@@ -16,6 +21,7 @@
 
 #include <greenmim/sparse_conv.hpp>
 
+#include "detail/conv_split.hpp"
 #include "detail/device_common.cuh"
 #include "detail/host_checks.hpp"
 #include "detail/launch.cuh"
@@ -27,8 +33,11 @@ namespace {
 
 constexpr int k_taps = 9;          // 3 x 3
 constexpr int k_dw_threads = 256;
-constexpr int k_dw_tile = 32;      // tokens per dweight partial: fixed, so results never depend on the launch
+constexpr int k_dw_max_groups = 32;  // channel groups per block (at most)
 constexpr int k_red_threads = 256;
+
+//! Channel groups per block for `groups` groups of channels: all of them up to 32.
+inline int dw_block_groups(int groups) { return groups < k_dw_max_groups ? groups : k_dw_max_groups; }
 
 // ---- V-element row access ----------------------------------------------------------------------
 template <class T, int V>
@@ -78,6 +87,27 @@ struct row_io<__half, 8> : row_io16<__half> {};
 template <>
 struct row_io<__nv_bfloat16, 8> : row_io16<__nv_bfloat16> {};
 
+// 2 elements in one access (4 bytes for fp16/bf16, 8 for fp32): the gradient kernel's rows
+template <class T>
+struct row_io_pair {
+  using T2 = typename elem16<T>::pair;
+  __device__ __forceinline__ static void load(const T* p, float (&x)[2]) {
+    const float2 f = elem16<T>::to_floats(__ldg(reinterpret_cast<const T2*>(p)));
+    x[0] = f.x; x[1] = f.y;
+  }
+};
+template <>
+struct row_io<__half, 2> : row_io_pair<__half> {};
+template <>
+struct row_io<__nv_bfloat16, 2> : row_io_pair<__nv_bfloat16> {};
+template <>
+struct row_io<float, 2> {
+  __device__ __forceinline__ static void load(const float* p, float (&x)[2]) {
+    const float2 f = __ldg(reinterpret_cast<const float2*>(p));
+    x[0] = f.x; x[1] = f.y;
+  }
+};
+
 // ---- depthwise 3x3 submanifold conv ----------------------------------------------------------------
 struct dw_params {
   const void* in = nullptr;   // forward: x; dx: dy
@@ -88,44 +118,56 @@ struct dw_params {
   const float* w = nullptr;
   const float* bias = nullptr;
   int batch = 0, tokens = 0, channels = 0;
+  int gb = 1;        // channel groups per block (dw_block_groups)
   int mirrored = 0;  // 1: dx (read the table at mirrored offsets)
 };
 
+//! Block (blockIdx.x, blockIdx.y): tokens [x * rows, + rows) x channel groups [y * gb, + gb),
+//! rows = 256 / gb; samples blockIdx.z, + gridDim.z, ...
 template <class T, int V>
 __global__ void __launch_bounds__(k_dw_threads) dw_apply(const dw_params p) {
-  const int groups = p.channels / V;
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= static_cast<std::int64_t>(p.tokens) * groups) return;
-  const int t = static_cast<int>(i / groups), c0 = static_cast<int>(i % groups) * V;
+  __shared__ __align__(16) float ws[k_taps][k_dw_max_groups * 8];  // [tap][channel in block]
+  const int groups = p.channels / V, gb = p.gb, rows = k_dw_threads / gb;
+  const int g_first = static_cast<int>(blockIdx.y) * gb;
+  const int gl = static_cast<int>(threadIdx.x) % gb, r = static_cast<int>(threadIdx.x) / gb;
+  {  // the block's weights, read contiguously ([C, 9] rows of its channels), stored tap-major
+    const int c_first = g_first * V, cw = gb * V;
+    for (int i = static_cast<int>(threadIdx.x); i < k_taps * cw; i += k_dw_threads) {
+      const int cl = i / k_taps, o = i % k_taps;
+      ws[o][cl] = c_first + cl < p.channels ? __ldg(p.w + static_cast<std::int64_t>(c_first) * k_taps + i) : 0.f;
+    }
+  }
+  __syncthreads();  // the only barrier: inactive threads leave after it
+  const int t = static_cast<int>(blockIdx.x) * rows + r, g = g_first + gl;
+  if (r >= rows || t >= p.tokens || g >= groups) return;
+  const int c0 = g * V;
   const T* in = static_cast<const T*>(p.in);
   const T* res = static_cast<const T*>(p.res);
   T* out = static_cast<T*>(p.out);
   index_t src[k_taps];
-  float w[k_taps][V];
 #pragma unroll
   for (int o = 0; o < k_taps; ++o) {
     const index_t s = __ldg(p.nbr + static_cast<std::int64_t>(t) * k_taps + (p.mirrored ? mirror_offset(3, o) : o));
     src[o] = static_cast<unsigned>(s) < static_cast<unsigned>(p.tokens) ? s : pad_index;
-#pragma unroll
-    for (int v = 0; v < V; ++v) w[o][v] = __ldg(p.w + static_cast<std::int64_t>(c0 + v) * k_taps + o);
   }
-  for (int b = static_cast<int>(blockIdx.y); b < p.batch; b += static_cast<int>(gridDim.y)) {
+  for (int b = static_cast<int>(blockIdx.z); b < p.batch; b += static_cast<int>(gridDim.z)) {
     float acc[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = p.bias ? __ldg(p.bias + c0 + v) : 0.f;
     if (res) {
-      float r[V];
-      row_io<T, V>::load(res + b * p.in_s0 + t * p.in_s1 + c0, r);
+      float rv[V];
+      row_io<T, V>::load(res + b * p.in_s0 + t * p.in_s1 + c0, rv);
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] += r[v];
+      for (int v = 0; v < V; ++v) acc[v] += rv[v];
     }
 #pragma unroll
     for (int o = 0; o < k_taps; ++o) {
       if (src[o] == pad_index) continue;
       float x[V];
       row_io<T, V>::load(in + b * p.in_s0 + src[o] * p.in_s1 + c0, x);
+      const float* w = &ws[o][gl * V];
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] = fmaf(w[o][v], x[v], acc[v]);
+      for (int v = 0; v < V; ++v) acc[v] = fmaf(w[v], x[v], acc[v]);
     }
     row_io<T, V>::store(out + b * p.out_s0 + t * p.out_s1 + c0, acc);
   }
@@ -136,54 +178,75 @@ struct dw_grad_params {
   const void* dy = nullptr;
   std::int64_t x_s0 = 0, x_s1 = 0, dy_s0 = 0, dy_s1 = 0;
   const index_t* nbr = nullptr;
-  float* partial = nullptr;  // [tiles, C, 10]
+  float* partial = nullptr;  // [parts, C, 10]
   int batch = 0, tokens = 0, channels = 0;
+  int gb = 1;                // channel groups per block (dw_block_groups)
+  dw_grad_split split;
 };
 
-//! Per-tile partials of dweight (taps 0..8) and dbias (slot 9).
+//! One piece's partials of dweight (taps 0..8) and dbias (slot 9): block (x, y, z) = channel
+//! groups [x * gb, + gb) x tokens of tile y x samples of chunk z; partial index z * tiles + y.
 template <class T, int V>
 __global__ void __launch_bounds__(k_dw_threads) dw_grad_partial(const dw_grad_params p) {
-  const int g = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (g >= p.channels / V) return;
-  const int c0 = g * V, tile = static_cast<int>(blockIdx.y);
-  const int t0 = tile * k_dw_tile, t1 = t0 + k_dw_tile < p.tokens ? t0 + k_dw_tile : p.tokens;
+  constexpr int K = (k_taps + 1) * V;  // a thread's sums: [tap or bias][v]
+  __shared__ float red[K][k_dw_threads];
+  const int groups = p.channels / V, gb = p.gb, rows = k_dw_threads / gb;
+  const int gl = static_cast<int>(threadIdx.x) % gb, r = static_cast<int>(threadIdx.x) / gb;
+  const int g = static_cast<int>(blockIdx.x) * gb + gl, c0 = g * V;
+  const int tile = static_cast<int>(blockIdx.y), chunk = static_cast<int>(blockIdx.z);
+  const int t0 = tile * p.split.tile, t1 = t0 + p.split.tile < p.tokens ? t0 + p.split.tile : p.tokens;
+  const int b0 = chunk * p.split.chunk, b1 = b0 + p.split.chunk < p.batch ? b0 + p.split.chunk : p.batch;
   const T* x = static_cast<const T*>(p.x);
   const T* dy = static_cast<const T*>(p.dy);
-  float acc[k_taps + 1][V];
+  float acc[K];
 #pragma unroll
-  for (int o = 0; o <= k_taps; ++o)
-#pragma unroll
-    for (int v = 0; v < V; ++v) acc[o][v] = 0.f;
-  for (int b = 0; b < p.batch; ++b)
-    for (int t = t0; t < t1; ++t) {
-      float d[V];
-      row_io<T, V>::load(dy + b * p.dy_s0 + t * p.dy_s1 + c0, d);
-#pragma unroll
-      for (int v = 0; v < V; ++v) acc[k_taps][v] += d[v];
+  for (int k = 0; k < K; ++k) acc[k] = 0.f;
+  if (r < rows && g < groups) {
+    for (int t = t0 + r; t < t1; t += rows) {
+      index_t src[k_taps];
 #pragma unroll
       for (int o = 0; o < k_taps; ++o) {
         const index_t s = __ldg(p.nbr + static_cast<std::int64_t>(t) * k_taps + o);
-        if (static_cast<unsigned>(s) >= static_cast<unsigned>(p.tokens)) continue;
-        float xv[V];
-        row_io<T, V>::load(x + b * p.x_s0 + s * p.x_s1 + c0, xv);
+        src[o] = static_cast<unsigned>(s) < static_cast<unsigned>(p.tokens) ? s : pad_index;
+      }
+      for (int b = b0; b < b1; ++b) {
+        float d[V];
+        row_io<T, V>::load(dy + b * p.dy_s0 + t * p.dy_s1 + c0, d);
 #pragma unroll
-        for (int v = 0; v < V; ++v) acc[o][v] = fmaf(d[v], xv[v], acc[o][v]);
+        for (int v = 0; v < V; ++v) acc[k_taps * V + v] += d[v];
+#pragma unroll
+        for (int o = 0; o < k_taps; ++o) {
+          if (src[o] == pad_index) continue;
+          float xv[V];
+          row_io<T, V>::load(x + b * p.x_s0 + src[o] * p.x_s1 + c0, xv);
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[o * V + v] = fmaf(d[v], xv[v], acc[o * V + v]);
+        }
       }
     }
-  float* out = p.partial + (static_cast<std::int64_t>(tile) * p.channels + c0) * (k_taps + 1);
+  }
 #pragma unroll
-  for (int v = 0; v < V; ++v)
-#pragma unroll
-    for (int o = 0; o <= k_taps; ++o) out[v * (k_taps + 1) + o] = acc[o][v];
+  for (int k = 0; k < K; ++k) red[k][threadIdx.x] = acc[k];
+  __syncthreads();
+  // the block's gb x K sums over its token rows, rows ascending
+  const std::int64_t part = static_cast<std::int64_t>(chunk) * p.split.tiles + tile;
+  for (int j = static_cast<int>(threadIdx.x); j < gb * K; j += k_dw_threads) {
+    const int jl = j / K, k = j % K, gg = static_cast<int>(blockIdx.x) * gb + jl;
+    if (gg >= groups) continue;
+    float s = 0.f;
+    for (int rr = 0; rr < rows; ++rr) s += red[k][rr * gb + jl];
+    const int o = k / V, v = k % V;
+    p.partial[(part * p.channels + gg * V + v) * (k_taps + 1) + o] = s;
+  }
 }
 
-//! dweight[c, o] / dbias[c] = the tiles' partials summed in ascending tile order.
-__global__ void __launch_bounds__(k_red_threads) dw_grad_reduce(const float* partial, int tiles, int channels,
+//! dweight[c, o] / dbias[c] = the pieces' partials summed in ascending piece order.
+__global__ void __launch_bounds__(k_red_threads) dw_grad_reduce(const float* partial, std::int64_t parts, int channels,
                                                                float* dweight, float* dbias) {
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<std::int64_t>(channels) * (k_taps + 1)) return;
   float s = 0.f;
-  for (int tile = 0; tile < tiles; ++tile) s += partial[static_cast<std::int64_t>(tile) * channels * (k_taps + 1) + i];
+  for (std::int64_t part = 0; part < parts; ++part) s += partial[part * channels * (k_taps + 1) + i];
   const int c = static_cast<int>(i / (k_taps + 1)), o = static_cast<int>(i % (k_taps + 1));
   if (o < k_taps) {
     if (dweight) dweight[static_cast<std::int64_t>(c) * k_taps + o] = s;
@@ -201,6 +264,7 @@ cudaError_t check_dw_args(const gm_depthwise_conv_args* a, bool backward) {
   const std::int64_t B = a->x.extent[0], N = a->x.extent[1], C = a->x.extent[2];
   GM_REFUSE_IF(B < 0 || N < 0 || C < 0, "negative extent");
   GM_REFUSE_IF(N > 0x7fffffff / k_taps || C > 0x7fffffff / (k_taps + 1) || B > 0x7fffffff, "extents too large");
+  GM_REFUSE_IF(C > 65535LL * k_dw_max_groups, "too many channels (C > 2,097,120)");
   const std::size_t es = dtype_bytes(a->dtype);
   const std::int64_t e[3] = {B, N, C};
   GM_TRY(check_tensor(a->x, 3, e, es, true, false, "x must be [B, N, C], element-aligned, unit last stride"));
@@ -216,16 +280,15 @@ cudaError_t check_dw_args(const gm_depthwise_conv_args* a, bool backward) {
     GM_TRY(check_tensor(a->dy, 3, e, es, true, false, "dy must be [B, N, C], element-aligned, unit last stride"));
     GM_TRY(check_tensor(a->dx, 3, e, es, true, true, "dx must be [B, N, C], element-aligned, unit last stride, injective"));
     GM_REFUSE_IF(overlap(a->x, es, a->dx, es) || overlap(a->dy, es, a->dx, es), "dx overlaps x or dy");
-    GM_REFUSE_IF((N + k_dw_tile - 1) / k_dw_tile > 65535, "too many tokens for the dweight tiles (N > 2,097,120)");
   }
   return cudaSuccess;
 }
 
 std::size_t dw_workspace_bytes(const gm_depthwise_conv_args* a) {
   if (a->dweight == nullptr && a->dbias == nullptr) return 0;
-  const std::int64_t N = a->x.extent[1], C = a->x.extent[2];
-  const std::int64_t tiles = (N + k_dw_tile - 1) / k_dw_tile;
-  return static_cast<std::size_t>(tiles * C * (k_taps + 1)) * sizeof(float);
+  const std::int64_t B = a->x.extent[0], N = a->x.extent[1], C = a->x.extent[2];
+  if (B == 0 || N == 0 || C == 0) return 0;
+  return static_cast<std::size_t>(dw_grad_split_for(N, B, C).parts() * C * (k_taps + 1)) * sizeof(float);
 }
 
 bool dw_vectorizable(const gm_depthwise_conv_args* a, bool backward) {
@@ -236,9 +299,11 @@ bool dw_vectorizable(const gm_depthwise_conv_args* a, bool backward) {
 }
 
 template <class T, int V>
-cudaError_t launch_dw_apply(const dw_params& p, cudaStream_t stream) {
-  const std::int64_t threads = static_cast<std::int64_t>(p.tokens) * (p.channels / V);
-  const dim3 grid(static_cast<unsigned>((threads + k_dw_threads - 1) / k_dw_threads),
+cudaError_t launch_dw_apply(dw_params p, cudaStream_t stream) {
+  const int groups = p.channels / V;
+  p.gb = dw_block_groups(groups);
+  const int rows = k_dw_threads / p.gb;
+  const dim3 grid(static_cast<unsigned>((p.tokens + rows - 1) / rows), static_cast<unsigned>((groups + p.gb - 1) / p.gb),
                   static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535));
   return launch(dw_apply<T, V>, grid, k_dw_threads, 0, stream, p);
 }
@@ -290,16 +355,18 @@ cudaError_t run_dw_bwd(const gm_depthwise_conv_args* a, void* workspace, cudaStr
   g.batch = B;
   g.tokens = N;
   g.channels = C;
-  const int tiles = (N + k_dw_tile - 1) / k_dw_tile;
-  const int groups = vec ? C / 8 : C;
-  const dim3 grid(static_cast<unsigned>((groups + k_dw_threads - 1) / k_dw_threads), static_cast<unsigned>(tiles));
+  g.split = dw_grad_split_for(N, B, C);
+  const int groups = vec ? C / 2 : C;  // V = 2 where the forward vectorizes (rows 16-byte aligned, C % 8 == 0)
+  g.gb = dw_block_groups(groups);
+  const dim3 grid(static_cast<unsigned>((groups + g.gb - 1) / g.gb), static_cast<unsigned>(g.split.tiles),
+                  static_cast<unsigned>(g.split.chunks));
   if (vec)
-    GM_TRY((launch(dw_grad_partial<T, 8>, grid, k_dw_threads, 0, stream, g)));
+    GM_TRY((launch(dw_grad_partial<T, 2>, grid, k_dw_threads, 0, stream, g)));
   else
     GM_TRY((launch(dw_grad_partial<T, 1>, grid, k_dw_threads, 0, stream, g)));
   const std::int64_t outs = static_cast<std::int64_t>(C) * (k_taps + 1);
   return launch(dw_grad_reduce, dim3(static_cast<unsigned>((outs + k_red_threads - 1) / k_red_threads)), k_red_threads,
-                0, stream, static_cast<const float*>(workspace), tiles, C, a->dweight, a->dbias);
+                0, stream, static_cast<const float*>(workspace), g.split.parts(), C, a->dweight, a->dbias);
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
 #
 # Usage: bench/gpu/ncu.sh     (after bench/gpu/run.sh has built BUILD_DIR)
 # Environment: BUILD_DIR (default build-gpu), OUT (reports go there; default a fresh folder),
-#   NCU (default /usr/local/cuda/bin/ncu), NCU_TIMEOUT (seconds per profile, default 150).
+#   NCU (default /usr/local/cuda/bin/ncu), NCU_TIMEOUT (seconds per profile, default 150),
+#   NCU_WHAT ("attention conv" by default: which profiles to take).
 # Writes ncu_attention.txt and ncu_conv.txt. Clocks are left alone (METHOD.md): --clock-control none.
 set -u
 GM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -16,6 +17,7 @@ BUILD_DIR="${BUILD_DIR:-build-gpu}"
 OUT="${OUT:-$(mktemp -d /tmp/greenmim-ncu-XXXXXX)}"
 NCU="${NCU:-/usr/local/cuda/bin/ncu}"
 NCU_TIMEOUT="${NCU_TIMEOUT:-150}"
+NCU_WHAT="${NCU_WHAT:-attention conv}"
 mkdir -p "$OUT"
 GM_SECTIONS=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis
              --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats)
@@ -30,8 +32,13 @@ profile() {  # report-name kernel-regex launch-count command...
   echo "== ncu $name: rc=$r ($OUT/$name.txt)"
   [ "$r" -eq 0 ] || rc=1
 }
-profile ncu_attention 'attention|dbias|copy_rows' 48 \
-  "$BUILD_DIR/bin/greenmim_gpu_bench" --batch 128 --stages 13 --windows 7 --reps 1 --warmup 0 --copy-mb 64
-profile ncu_conv 'dw_|gather_gemm|zero_rows|block_dbias' 14 \
-  "$BUILD_DIR/bin/greenmim_conv_gpu_bench" --batch 64 --reps 1 --warmup 0
+case " $NCU_WHAT " in *" attention "*)
+  profile ncu_attention 'attention|dbias|copy_rows' 48 \
+    "$BUILD_DIR/bin/greenmim_gpu_bench" --batch 128 --stages 13 --windows 7 --reps 1 --warmup 0 --copy-mb 64 ;;
+esac
+case " $NCU_WHAT " in *" conv "*)
+  # stage 1: PEG fwd, PEG bwd (dx, partials, reduce), GSA fwd and bwd, patch embedding fwd and bwd
+  profile ncu_conv 'dw_|gather_gemm|splitk_reduce|zero_rows' 20 \
+    "$BUILD_DIR/bin/greenmim_conv_gpu_bench" --batch 64 --reps 1 --warmup 0 ;;
+esac
 exit "$rc"

@@ -257,7 +257,7 @@ GMH_FLOAT32, GMH_FLOAT64 = 0, 3
 GM_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 GM_ALGOS = {"auto": 0, "simt": 1, "mma": 2}
 STRATEGIES = {"fast": 0, "paper": 1, "per-window": 2, "single": 3}
-_KERNELS_ABI_VERSION = 1
+_KERNELS_ABI_VERSION = 2
 _HOST_ABI_VERSION = 4
 
 
@@ -408,14 +408,16 @@ def _setup_kernels(lib: ctypes.CDLL, name: str) -> ctypes.CDLL:
                                        c_void_p, c_void_p, c_int32, c_int32, c_void_p, c_void_p, c_void_p,
                                        c_void_p, c_void_p]
     lib.gm_build_partition.restype = c_int
-    for f, a in (("depthwise_conv", DepthwiseConvArgs), ("block_conv", BlockConvArgs)):
-        for d in ("fwd", "bwd"):
-            fn = getattr(lib, f"gm_{f}_{d}")
-            fn.argtypes = [POINTER(a), c_void_p] if (f, d) != ("depthwise_conv", "bwd") else \
-                [POINTER(a), c_void_p, c_size_t, c_void_p]
-            fn.restype = c_int
-    lib.gm_depthwise_conv_bwd_workspace_size.argtypes = [POINTER(DepthwiseConvArgs), POINTER(c_size_t)]
-    lib.gm_depthwise_conv_bwd_workspace_size.restype = c_int
+    # the depthwise forward takes no workspace; the depthwise backward and both block convs do
+    # (fn_workspace_size, then fn(args, workspace, bytes, stream))
+    lib.gm_depthwise_conv_fwd.argtypes = [POINTER(DepthwiseConvArgs), c_void_p]
+    lib.gm_depthwise_conv_fwd.restype = c_int
+    for f, a in (("gm_depthwise_conv_bwd", DepthwiseConvArgs), ("gm_block_conv_fwd", BlockConvArgs),
+                 ("gm_block_conv_bwd", BlockConvArgs)):
+        getattr(lib, f).argtypes = [POINTER(a), c_void_p, c_size_t, c_void_p]
+        getattr(lib, f).restype = c_int
+        getattr(lib, f + "_workspace_size").argtypes = [POINTER(a), POINTER(c_size_t)]
+        getattr(lib, f + "_workspace_size").restype = c_int
     return lib
 
 

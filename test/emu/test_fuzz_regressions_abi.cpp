@@ -102,7 +102,7 @@ TEST_CASE("fuzz regression: misaligned int32 / float array pointers are refused,
   b.stride = 2;
   b.weight = fake_at<const float>(5);
   b.dbias = fake_at<float>(6, 1);
-  check_refused(gm_block_conv_bwd(&b, nullptr), before);
+  check_refused(gm_block_conv_bwd(&b, nullptr, 0, nullptr), before);
   CHECK(gm_block_conv_bwd_can_implement(&b) == cudaErrorInvalidValue);
   b.dbias = fake_at<float>(6);
   CHECK(gm_block_conv_bwd_can_implement(&b) == cudaSuccess);

@@ -1,5 +1,5 @@
 // fuzz_abi, convolution family: gm_depthwise_conv_fwd / _bwd (+ can_implement, workspace size)
-// and gm_block_conv_fwd / _bwd (+ can_implement). Each input draws a small call (features
+// and gm_block_conv_fwd / _bwd (+ can_implement, workspace sizes). Each input draws a small call (features
 // [B <= 2, N <= 40, C <= 24], block conv with s <= 4), a table whose entries are mostly valid
 // tokens and sometimes out of range (documented to read as zero), then mutates the tensors
 // (extents, strides, ranks, null / misaligned / aliased data), the bare pointers (table,
@@ -102,7 +102,19 @@ struct conv_call {
     return a;
   }
 
-  //! can_implement of this call (and, for the depthwise backward, workspace_size agreeing with it).
+  //! Whether the call takes a workspace (the depthwise backward, both block convs).
+  bool has_workspace() const { return block || backward; }
+  //! The call's workspace_size.
+  cudaError_t workspace_size(std::size_t* bytes) const {
+    if (!block) {
+      const gm_depthwise_conv_args a = dw_args();
+      return gm_depthwise_conv_bwd_workspace_size(&a, bytes);
+    }
+    const gm_block_conv_args a = block_args();
+    return backward ? gm_block_conv_bwd_workspace_size(&a, bytes) : gm_block_conv_fwd_workspace_size(&a, bytes);
+  }
+
+  //! can_implement of this call (and, where it takes a workspace, workspace_size agreeing with it).
   cudaError_t can() const {
     cudaError_t c;
     if (block) {
@@ -110,43 +122,44 @@ struct conv_call {
       c = backward ? gm_block_conv_bwd_can_implement(&a) : gm_block_conv_fwd_can_implement(&a);
     } else {
       const gm_depthwise_conv_args a = dw_args();
-      if (!backward) {
-        c = gm_depthwise_conv_fwd_can_implement(&a);
-      } else {
-        c = gm_depthwise_conv_bwd_can_implement(&a);
-        std::size_t bytes = 0;
-        const cudaError_t w = gm_depthwise_conv_bwd_workspace_size(&a, &bytes);
-        GM_FUZZ_CHECK(w == c, "depthwise bwd: can_implement %d but workspace_size %d", static_cast<int>(c),
-                      static_cast<int>(w));
-        GM_FUZZ_CHECK(gm_depthwise_conv_bwd_workspace_size(&a, nullptr) == cudaErrorInvalidValue &&
-                          gm_last_refusal()[0] != '\0',
-                      "depthwise bwd: a null bytes pointer was accepted");
-      }
+      c = backward ? gm_depthwise_conv_bwd_can_implement(&a) : gm_depthwise_conv_fwd_can_implement(&a);
+    }
+    if (has_workspace()) {
+      std::size_t bytes = 0;
+      const cudaError_t w = workspace_size(&bytes);
+      GM_FUZZ_CHECK(w == c, "%s: can_implement %d but workspace_size %d", block ? "block conv" : "depthwise bwd",
+                    static_cast<int>(c), static_cast<int>(w));
+      GM_FUZZ_CHECK(workspace_size(nullptr) == cudaErrorInvalidValue && gm_last_refusal()[0] != '\0',
+                    "%s: a null bytes pointer was accepted", block ? "block conv" : "depthwise bwd");
     }
     GM_FUZZ_CHECK(c == cudaSuccess || c == cudaErrorInvalidValue, "conv can_implement returned %d", static_cast<int>(c));
     GM_FUZZ_CHECK(c == cudaSuccess || gm_last_refusal()[0] != '\0', "conv: refusal without a reason");
     return c;
   }
 
-  //! The entry point. The depthwise backward's workspace: exact, one byte short, misaligned or
+  //! The entry point. Its workspace (where it takes one): exact, one byte short, misaligned or
   //! null (`ws_kind` 0..3), from `mem` when real, a fake address otherwise. `bad_ws` = the
   //! workspace alone must make the call fail.
   cudaError_t run(int ws_kind, device_memory* mem, bool& bad_ws) const {
     bad_ws = false;
-    if (block) {
-      const gm_block_conv_args a = block_args();
-      return backward ? gm_block_conv_bwd(&a, nullptr) : gm_block_conv_fwd(&a, nullptr);
+    if (!has_workspace()) {
+      const gm_depthwise_conv_args a = dw_args();
+      return gm_depthwise_conv_fwd(&a, nullptr);
     }
-    const gm_depthwise_conv_args a = dw_args();
-    if (!backward) return gm_depthwise_conv_fwd(&a, nullptr);
     std::size_t bytes = 0;
-    if (gm_depthwise_conv_bwd_workspace_size(&a, &bytes) != cudaSuccess) bytes = 1024;
+    if (workspace_size(&bytes) != cudaSuccess) bytes = 1024;
     std::size_t give = bytes, shift = 0;
     if (ws_kind == 1 && bytes > 0) give = bytes - 1, bad_ws = true;
     if (ws_kind == 2 && bytes > 0) shift = 4, bad_ws = true;  // float-aligned, not 16-byte aligned
     char* ws = mem ? static_cast<char*>(mem->alloc(give + shift)) : fake_address(14);
     if (ws_kind == 3) ws = nullptr, bad_ws = bytes > 0;
-    return gm_depthwise_conv_bwd(&a, ws ? ws + shift : nullptr, give, nullptr);
+    void* w = ws ? ws + shift : nullptr;
+    if (!block) {
+      const gm_depthwise_conv_args a = dw_args();
+      return gm_depthwise_conv_bwd(&a, w, give, nullptr);
+    }
+    const gm_block_conv_args a = block_args();
+    return backward ? gm_block_conv_bwd(&a, w, give, nullptr) : gm_block_conv_fwd(&a, w, give, nullptr);
   }
 };
 
@@ -213,7 +226,9 @@ void fuzz_conv_family(FuzzedDataProvider& in, bool block) {
     const std::uint64_t before = gm_emu::blocks_run();
     if (block) {
       GM_FUZZ_CHECK(gm_block_conv_fwd_can_implement(nullptr) == cudaErrorInvalidValue &&
-                        refused_cleanly(c.backward ? gm_block_conv_bwd(nullptr, nullptr) : gm_block_conv_fwd(nullptr, nullptr), before),
+                        refused_cleanly(c.backward ? gm_block_conv_bwd(nullptr, nullptr, 0, nullptr)
+                                                   : gm_block_conv_fwd(nullptr, nullptr, 0, nullptr),
+                                        before),
                     "block conv: null args");
     } else {
       GM_FUZZ_CHECK(gm_depthwise_conv_bwd_can_implement(nullptr) == cudaErrorInvalidValue &&

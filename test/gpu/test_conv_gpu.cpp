@@ -3,12 +3,15 @@
 // a device by greenmim_gpu_tests and on the CPU emulator by greenmim_emu_tests.
 #include "gpu_test_util.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include <greenmim/reference/conv.hpp>
 #include <greenmim/sparse_conv.hpp>
+
+#include "../../kernels/detail/conv_split.hpp"
 
 namespace {
 
@@ -101,7 +104,8 @@ std::vector<bytes> depthwise_case(const char* name, const std::vector<index_t>& 
   GM_CHECK_CUDA(gm_depthwise_conv_fwd(&a, nullptr));
   std::size_t ws_bytes = 0;
   GM_CHECK_CUDA(gm_depthwise_conv_bwd_workspace_size(&a, &ws_bytes));
-  CHECK(ws_bytes == static_cast<std::size_t>((N + 31) / 32 * C * 10) * sizeof(float));
+  CHECK(ws_bytes == static_cast<std::size_t>(greenmim::detail::cuda::dw_grad_split_for(N, B, C).parts() * C * 10) *
+                         sizeof(float));
   dbuf<unsigned char> ws(ws_bytes);
   GM_CHECK_CUDA(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr));
   GM_CHECK_CUDA(cudaDeviceSynchronize());
@@ -133,9 +137,12 @@ std::vector<bytes> depthwise_case(const char* name, const std::vector<index_t>& 
   return {y.download(), dx.download(), float_bytes(dw1), float_bytes(db1)};
 }
 
+//! `grads`: 0 = dweight and dbias, 1 = dweight alone, 2 = dbias alone.
 std::vector<bytes> block_case(const char* name, const std::vector<index_t>& cu, const std::vector<index_t>& coords, index_t grid,
-                index_t s, std::int64_t B, std::int64_t Ci, std::int64_t Co, gm_dtype dt, std::mt19937_64& rng) {
-  INFO(name << " dtype " << gm_dtype_name(dt) << " s " << s << " B " << B << " C_in " << Ci << " C_out " << Co);
+                index_t s, std::int64_t B, std::int64_t Ci, std::int64_t Co, gm_dtype dt, std::mt19937_64& rng,
+                int grads = 0) {
+  INFO(name << " dtype " << gm_dtype_name(dt) << " s " << s << " B " << B << " C_in " << Ci << " C_out " << Co
+            << " grads " << grads);
   greenmim::block_table bt;
   greenmim::check(greenmim::build_block_table_per_sample(grid, grid, s, span<const index_t>(cu),
                                                          span<const index_t>(coords), bt));
@@ -160,12 +167,19 @@ std::vector<bytes> block_case(const char* name, const std::vector<index_t>& cu, 
   a.stride = s;
   a.weight = wd_d.p;
   a.bias = bias_d.p;
-  a.dweight = dweight.p;
-  a.dbias = dbias.p;
+  a.dweight = grads == 2 ? nullptr : dweight.p;
+  a.dbias = grads == 1 ? nullptr : dbias.p;
+  dweight.fill_bytes(0xFF);
+  dbias.fill_bytes(0xFF);
   GM_CHECK_CUDA(gm_block_conv_fwd_can_implement(&a));
-  GM_CHECK_CUDA(gm_block_conv_fwd(&a, nullptr));
+  std::size_t fwd_ws = 0, bwd_ws = 0;
+  GM_CHECK_CUDA(gm_block_conv_fwd_workspace_size(&a, &fwd_ws));
+  GM_CHECK_CUDA(gm_block_conv_bwd_workspace_size(&a, &bwd_ws));
+  dbuf<unsigned char> ws(fwd_ws > bwd_ws ? fwd_ws : bwd_ws);
+  ws.fill_bytes(0xFF);  // NaN partials if a split were read before written
+  GM_CHECK_CUDA(gm_block_conv_fwd(&a, ws.p, fwd_ws, nullptr));
   GM_CHECK_CUDA(gm_block_conv_bwd_can_implement(&a));
-  GM_CHECK_CUDA(gm_block_conv_bwd(&a, nullptr));
+  GM_CHECK_CUDA(gm_block_conv_bwd(&a, ws.p, bwd_ws, nullptr));
   GM_CHECK_CUDA(cudaDeviceSynchronize());
   const auto xd = as_double(hx), dyd = as_double(hdy), wdd = widen(w), bd = widen(bias);
   std::vector<double> y_ref(static_cast<std::size_t>(B * Nn * Co)), dx_ref(xd.size()), dw_ref(wdd.size()), db_ref(bd.size());
@@ -181,9 +195,21 @@ std::vector<bytes> block_case(const char* name, const std::vector<index_t>& cu, 
   CHECK(rel_error(download_double(y, dt), y_ref) <= tol);
   CHECK(rel_error(download_double(dx, dt), dx_ref) <= tol);
   const auto dw1 = dweight.download(), db1 = dbias.download();
-  CHECK(rel_error(widen(dw1), dw_ref) <= 1e-5);
-  CHECK(rel_error(widen(db1), db_ref) <= 1e-5);
-  return {y.download(), dx.download(), float_bytes(dw1), float_bytes(db1)};
+  if (grads != 2) CHECK(rel_error(widen(dw1), dw_ref) <= 1e-5);
+  else CHECK(std::all_of(dw1.begin(), dw1.end(), [](float v) { return v != v; }));  // not requested: untouched
+  if (grads != 1) CHECK(rel_error(widen(db1), db_ref) <= 1e-5);
+  else CHECK(std::all_of(db1.begin(), db1.end(), [](float v) { return v != v; }));
+  // bitwise deterministic with split reductions: again over a workspace poisoned differently
+  const bytes y1 = y.download(), dx1 = dx.download();
+  ws.fill_bytes(0x7F);
+  GM_CHECK_CUDA(gm_block_conv_fwd(&a, ws.p, fwd_ws, nullptr));
+  GM_CHECK_CUDA(gm_block_conv_bwd(&a, ws.p, bwd_ws, nullptr));
+  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK(y.download() == y1);
+  CHECK(dx.download() == dx1);
+  CHECK(float_bytes(dweight.download()) == float_bytes(dw1));
+  CHECK(float_bytes(dbias.download()) == float_bytes(db1));
+  return {y1, dx1, float_bytes(dw1), float_bytes(db1)};
 }
 
 }  // namespace
@@ -211,6 +237,43 @@ TEST_CASE("gpu depthwise conv (PEG): fwd and bwd vs the CPU reference, vector an
   }
   depthwise_case("per-sample", cu2, flat, 9, 1, 24, GM_FLOAT32, true, rng);
   depthwise_case("per-sample", cu2, flat, 9, 1, 5, GM_BFLOAT16, true, rng);
+  // several pieces of the dweight reduction (3 chunks of 8 samples x several 32-token tiles),
+  // token rows per thread > 1 (C 16: 256 / 2 rows per block), and a block of 64 channel groups
+  // cut in two (C 512)
+  const auto c3 = unit_mask_coords(rng, 16, 2, 0.3);
+  const std::vector<index_t> cu3{0, static_cast<index_t>(c3.size())};
+  depthwise_case("shared mask, B 19, C 16", cu3, c3, 16, 19, 16, GM_BFLOAT16, true, rng);
+  depthwise_case("shared mask, B 3, C 512", cu3, c3, 16, 3, 512, GM_FLOAT16, true, rng);
+  depthwise_case("shared mask, B 9, C 40 (scalar)", cu3, c3, 16, 9, 40, GM_FLOAT32, false, rng);
+}
+
+TEST_CASE("depthwise backward (host): the cut of the dweight reduction") {
+  using greenmim::detail::cuda::dw_grad_split_for;
+  std::mt19937_64 rng(fresh_seed());
+  const std::int64_t shapes[][3] = {{1, 1, 1},          {784, 64, 128},        {13, 64, 1024},
+                                    {2097120, 1, 8},    {100000, 4096, 1024},  {3, 1 << 20, 1},
+                                    {2000000, 2000, 2048}, {1, 1, 2097120}};
+  auto check_split = [](std::int64_t N, std::int64_t B, std::int64_t C) {
+    INFO("N " << N << " B " << B << " C " << C);
+    const auto s = dw_grad_split_for(N, B, C);
+    CHECK(s.tile >= 1);
+    CHECK(s.chunk >= 1);
+    CHECK(static_cast<std::int64_t>(s.tiles) * s.tile >= N);  // every token and sample in a piece
+    CHECK(static_cast<std::int64_t>(s.tiles - 1) * s.tile < N);  // and no empty piece
+    CHECK(static_cast<std::int64_t>(s.chunks) * s.chunk >= B);
+    CHECK(static_cast<std::int64_t>(s.chunks - 1) * s.chunk < B);
+    CHECK(s.tiles <= 65535);
+    CHECK(s.chunks <= 65535);
+    CHECK((s.parts() * C <= greenmim::detail::cuda::k_dw_max_part_floats || s.parts() == 1));
+  };
+  for (const auto& sh : shapes) check_split(sh[0], sh[1], sh[2]);
+  std::uniform_int_distribution<std::int64_t> n(1, 1 << 22), b(1, 1 << 14), c(1, 1 << 12);
+  for (int i = 0; i < 200; ++i) check_split(n(rng), b(rng), c(rng));
+  // Twins-L stage 1 at batch 64: 25 tiles x 8 chunks of the default 32 x 8
+  const auto s = dw_grad_split_for(784, 64, 128);
+  CHECK(s.tile == 32);
+  CHECK(s.chunk == 8);
+  CHECK(s.parts() == 25 * 8);
 }
 
 TEST_CASE("gpu block conv (kernel = stride): fwd and bwd vs the CPU reference") {
@@ -229,6 +292,48 @@ TEST_CASE("gpu block conv (kernel = stride): fwd and bwd vs the CPU reference") 
   flat.insert(flat.end(), c2.begin(), c2.end());
   cu2.push_back(static_cast<index_t>(flat.size()));
   block_case("per-sample s 4", cu2, flat, 16, 4, 1, 16, 16, GM_FLOAT32, rng);
+  // split reductions: the forward's K = s*s*C_in = 1024 (up to 8 splits of 128), dweight's
+  // K = B * N_next rows; and the backward with dweight or dbias alone (the dbias column)
+  {
+    using greenmim::detail::cuda::gemm_split_for;
+    greenmim::block_table bt;
+    greenmim::check(greenmim::build_block_table_per_sample(16, 16, 4, span<const index_t>(cu), span<const index_t>(c), bt));
+    CHECK(gemm_split_for(2 * bt.num_outputs(), 24, 16 * 64).splits > 1);
+    CHECK(gemm_split_for(24, 16 * 8 + 1, 40 * bt.num_outputs()).splits > 1);
+  }
+  block_case("split fwd s 4", cu, c, 16, 4, 2, 64, 24, GM_BFLOAT16, rng);
+  block_case("split dweight s 4", cu, c, 16, 4, 40, 8, 24, GM_FLOAT16, rng);
+  block_case("split, dweight alone", cu, c, 16, 4, 40, 8, 24, GM_FLOAT32, rng, 1);
+  block_case("split, dbias alone", cu, c, 16, 4, 40, 8, 24, GM_BFLOAT16, rng, 2);
+}
+
+TEST_CASE("block conv (host): the split of its GEMMs") {
+  using greenmim::detail::cuda::gemm_split_for;
+  std::mt19937_64 rng(fresh_seed());
+  auto check_split = [](std::int64_t M, std::int64_t N, std::int64_t K) {
+    INFO("M " << M << " N " << N << " K " << K);
+    const auto s = gemm_split_for(M, N, K);
+    REQUIRE(s.splits >= 1);
+    CHECK(s.splits <= 65535);
+    if (s.splits == 1) {
+      CHECK(s.partial_floats(M, N) == 0);
+      CHECK(s.k_per >= K);  // one split covers the whole reduction
+      return;
+    }
+    CHECK(s.k_per % greenmim::detail::cuda::k_gemm_bk == 0);
+    CHECK(static_cast<std::int64_t>(s.splits) * s.k_per >= K);      // every k in a split
+    CHECK(static_cast<std::int64_t>(s.splits - 1) * s.k_per < K);   // and no empty split
+    CHECK(s.k_per >= greenmim::detail::cuda::k_gemm_min_k_per_split);
+    CHECK(s.partial_floats(M, N) <= greenmim::detail::cuda::k_gemm_max_partial_floats);
+  };
+  const std::int64_t shapes[][3] = {{0, 5, 5},      {5, 0, 5},        {5, 5, 0},         {1, 1, 1},
+                                    {768, 128, 8192}, {256, 513, 12544}, {12544, 512, 256}, {1, 1, 2147483647}};
+  for (const auto& sh : shapes) check_split(sh[0], sh[1], sh[2]);
+  std::uniform_int_distribution<std::int64_t> d(1, 1 << 16);
+  for (int i = 0; i < 300; ++i) check_split(d(rng), d(rng), d(rng));
+  // Twins-L GSA sub-sampling at stage 1 (batch 64, 12 outputs per sample): 24 output tiles, split
+  // so that the grid has about k_gemm_target_ctas CTAs
+  CHECK(gemm_split_for(768, 128, 8192).splits >= 32);
 }
 
 TEST_CASE("gpu conv entry points refuse bad arguments before launching") {
@@ -279,14 +384,17 @@ TEST_CASE("gpu conv entry points refuse bad arguments before launching") {
   b.weight = p + 32;
   CHECK(gm_block_conv_fwd_can_implement(&b) == cudaSuccess);
   b.stride = 0;
-  CHECK(gm_block_conv_fwd(&b, nullptr) == cudaErrorInvalidValue);
+  CHECK(gm_block_conv_fwd(&b, nullptr, 0, nullptr) == cudaErrorInvalidValue);
   b.stride = 2;
   b.gather = nullptr;
-  CHECK(gm_block_conv_fwd(&b, nullptr) == cudaErrorInvalidValue);
+  CHECK(gm_block_conv_fwd(&b, nullptr, 0, nullptr) == cudaErrorInvalidValue);
   b.gather = g4;
   b.x = make_tensor(p, {1, 4, 2}, {8, 1, 2});  // last stride not 1
-  CHECK(gm_block_conv_fwd(&b, nullptr) == cudaErrorInvalidValue);
-  CHECK(gm_block_conv_bwd(nullptr, nullptr) == cudaErrorInvalidValue);
+  CHECK(gm_block_conv_fwd(&b, nullptr, 0, nullptr) == cudaErrorInvalidValue);
+  CHECK(gm_block_conv_bwd(nullptr, nullptr, 0, nullptr) == cudaErrorInvalidValue);
+  std::size_t ws_bytes = 0;
+  CHECK(gm_block_conv_fwd_workspace_size(&b, &ws_bytes) == cudaErrorInvalidValue);  // the bad x, again
+  CHECK(gm_block_conv_bwd_workspace_size(nullptr, &ws_bytes) == cudaErrorInvalidValue);
 }
 
 #if defined(GREENMIM_CUDA_EMULATION)
@@ -305,6 +413,7 @@ TEST_CASE("emulated conv kernels: bitwise identical under every thread schedule 
     const std::vector<index_t> cu{0, static_cast<index_t>(c.size())};
     for (auto& b : depthwise_case("schedule", cu, c, 16, 2, 16, GM_BFLOAT16, true, rng)) out.push_back(b);
     for (auto& b : depthwise_case("schedule", cu, c, 16, 1, 3, GM_FLOAT32, false, rng)) out.push_back(b);
+    for (auto& b : depthwise_case("schedule", cu, c, 16, 11, 16, GM_FLOAT16, true, rng)) out.push_back(b);
     for (auto& b : block_case("schedule", cu, c, 16, 4, 2, 12, 20, GM_FLOAT16, rng)) out.push_back(b);
     return out;
   };

@@ -8,8 +8,8 @@
 //
 // Usage: greenmim_conv_gpu_bench [--batch 64] [--reps 20] [--warmup 3] [--dtype bf16|fp16|fp32]
 //                                [--seed 0]
-// Figures: none measured yet (no device in the session that wrote it); on the CPU emulator it
-// runs at toy sizes as a harness check (ctest conv_gpu_bench_emulated), where timings mean nothing.
+// Figures: docs/perf/NVIDIA_H200_* (run by bench/gpu/run.sh); on the CPU emulator it runs at toy
+// sizes as a harness check (ctest conv_gpu_bench_emulated), where timings mean nothing.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -150,9 +150,14 @@ int main(int argc, char** argv) {
       const double ybytes = static_cast<double>(B * Nn * Co) * es;
       const char* fwd = which == 0 ? "gsa_sr_fwd" : "embed_fwd";
       const char* bwd = which == 0 ? "gsa_sr_bwd" : "embed_bwd";
-      const double bf = median_ms([&](int) { BENCH_CHECK(gm_block_conv_fwd(&b, nullptr)); }, warmup, reps);
+      std::size_t fwd_ws = 0, bwd_ws = 0;
+      BENCH_CHECK(gm_block_conv_fwd_workspace_size(&b, &fwd_ws));
+      BENCH_CHECK(gm_block_conv_bwd_workspace_size(&b, &bwd_ws));
+      dmem bws(std::max(fwd_ws, bwd_ws));
+      const double bf = median_ms([&](int) { BENCH_CHECK(gm_block_conv_fwd(&b, bws.p, fwd_ws, nullptr)); }, warmup, reps);
       print_row(fwd, s + 1, B, N, C, Co, bf, feat + wbytes + ybytes, macs);
-      const double bb_ms = median_ms([&](int) { BENCH_CHECK(gm_block_conv_bwd(&b, nullptr)); }, warmup, reps);
+      const double bb_ms =
+          median_ms([&](int) { BENCH_CHECK(gm_block_conv_bwd(&b, bws.p, bwd_ws, nullptr)); }, warmup, reps);
       print_row(bwd, s + 1, B, N, C, Co, bb_ms, 2 * feat + ybytes + 2 * wbytes, 2 * macs);
     }
   }

@@ -30,7 +30,7 @@
 extern "C" {
 #endif
 
-#define GM_KERNELS_ABI_VERSION 1
+#define GM_KERNELS_ABI_VERSION 2
 
 /* In C++ the enums get a fixed underlying type (int32_t, the size of a C enum here), so that any
  * value a C caller stores is a valid value to read and is refused by the checks, not undefined
@@ -263,8 +263,9 @@ typedef struct gm_depthwise_conv_args {
 cudaError_t gm_depthwise_conv_fwd_can_implement(const gm_depthwise_conv_args* args);
 cudaError_t gm_depthwise_conv_fwd(const gm_depthwise_conv_args* args, cudaStream_t stream);
 cudaError_t gm_depthwise_conv_bwd_can_implement(const gm_depthwise_conv_args* args);
-/*! Workspace of the backward (16-byte aligned): ceil(N / 32) * C * 10 floats, 0 when neither
- *  dweight nor dbias is requested. */
+/*! Workspace of the backward (16-byte aligned): 10 * C floats per piece of the deterministic
+ *  dweight/dbias reduction (pieces of 32+ tokens x 8+ samples, at most 2^20 / C of them: at most
+ *  40 MiB), 0 when neither dweight nor dbias is requested or the input is empty. */
 cudaError_t gm_depthwise_conv_bwd_workspace_size(const gm_depthwise_conv_args* args, size_t* bytes);
 cudaError_t gm_depthwise_conv_bwd(const gm_depthwise_conv_args* args, void* workspace, size_t workspace_bytes,
                                   cudaStream_t stream);
@@ -272,7 +273,9 @@ cudaError_t gm_depthwise_conv_bwd(const gm_depthwise_conv_args* args, void* work
 /*! Block conv, kernel = stride = s (GSA sub-sampling, patch embedding), as gather + GEMM:
  *  y[b,n,o] = bias[o] + sum_{c,p} weight[(o*C_in + c)*s*s + p] * x[b, gather[n*s*s + p], c].
  *  Backward: dx (zeroed, then scattered: each input in at most one block), dweight, dbias; all
- *  deterministic (no split reductions, no atomics). SIMT tiled GEMM (64x64x16, fp32). */
+ *  deterministic (no atomics; a split reduction is summed in a fixed order that depends on the
+ *  shapes only). SIMT tiled GEMM (64x64x16, fp32), split along its reduction where the output
+ *  tiles are too few CTAs; the splits' fp32 partials live in the caller's workspace. */
 typedef struct gm_block_conv_args {
   gm_dtype dtype;        /*!< element type of x, y, dy, dx */
   gm_tensor x;           /*!< [B, N, C_in] */
@@ -288,9 +291,15 @@ typedef struct gm_block_conv_args {
 } gm_block_conv_args;
 
 cudaError_t gm_block_conv_fwd_can_implement(const gm_block_conv_args* args);
-cudaError_t gm_block_conv_fwd(const gm_block_conv_args* args, cudaStream_t stream);
+/*! Workspace of the forward / backward (16-byte aligned): the split GEMMs' fp32 partials, at most
+ *  64 MiB; 0 when no GEMM splits. */
+cudaError_t gm_block_conv_fwd_workspace_size(const gm_block_conv_args* args, size_t* bytes);
+cudaError_t gm_block_conv_fwd(const gm_block_conv_args* args, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream);
 cudaError_t gm_block_conv_bwd_can_implement(const gm_block_conv_args* args);
-cudaError_t gm_block_conv_bwd(const gm_block_conv_args* args, cudaStream_t stream);
+cudaError_t gm_block_conv_bwd_workspace_size(const gm_block_conv_args* args, size_t* bytes);
+cudaError_t gm_block_conv_bwd(const gm_block_conv_args* args, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream);
 
 /* ---------------------------------------------------------------------------------------------
  * Misc

@@ -1,0 +1,87 @@
+//! \file conv_split.hpp
+//! Private host arithmetic of the convolution kernels' deterministic reductions, tested on the host
+//! (test/gpu/test_conv_gpu.cpp): how the depthwise backward cuts (tokens x samples) into the
+//! pieces whose dweight/dbias partials a second kernel sums in a fixed order, and how the block
+//! conv's GEMMs split their reduction axis (split-K, partials summed in split order). Both cuts
+//! depend on the shapes only, never on the device, so results are bitwise the same on every GPU.
+#pragma once
+
+#include <cstdint>
+
+namespace greenmim {
+namespace detail {
+namespace cuda {
+
+//! Pieces of the depthwise dweight/dbias reduction: `tile` tokens x `chunk` samples each,
+//! `tiles` x `chunks` of them (grid.y x grid.z of the partial kernel).
+struct dw_grad_split {
+  int tile = 0, chunk = 0, tiles = 0, chunks = 0;
+  std::int64_t parts() const { return static_cast<std::int64_t>(tiles) * chunks; }
+};
+
+//! At most this many partial floats per channel (x 10 per part: 9 taps and the bias), so the
+//! workspace stays <= 10 * 4 * k_dw_max_part_floats bytes = 40 MiB whatever the shape.
+constexpr std::int64_t k_dw_max_part_floats = std::int64_t(1) << 20;
+
+//! 32 tokens x 8 samples per piece, doubled (samples first, then tokens) until the number of
+//! pieces times C is at most k_dw_max_part_floats and both grid extents are at most 65535.
+//! Requires tokens, batch, channels >= 1.
+inline dw_grad_split dw_grad_split_for(std::int64_t tokens, std::int64_t batch, std::int64_t channels) {
+  const std::int64_t cap = k_dw_max_part_floats / channels > 0 ? k_dw_max_part_floats / channels : 1;
+  std::int64_t tile = 32, chunk = 8;
+  for (;;) {
+    const std::int64_t tiles = (tokens + tile - 1) / tile, chunks = (batch + chunk - 1) / chunk;
+    if ((tiles * chunks <= cap && tiles <= 65535 && chunks <= 65535) || (tiles == 1 && chunks == 1)) {
+      dw_grad_split s;
+      s.tile = static_cast<int>(tile < tokens ? tile : tokens);
+      s.chunk = static_cast<int>(chunk < batch ? chunk : batch);
+      s.tiles = static_cast<int>(tiles);
+      s.chunks = static_cast<int>(chunks);
+      return s;
+    }
+    if (chunks > 1) chunk *= 2;
+    else tile *= 2;
+  }
+}
+
+//! The block conv's gather-GEMM tile (block_conv.cu): 64 x 64 outputs, 16-deep reduction steps.
+constexpr int k_gemm_bm = 64, k_gemm_bn = 64, k_gemm_bk = 16;
+//! Split-K aims at this many CTAs (a few waves on today's largest GPUs; a constant, not the
+//! device's SM count, so the split is the same everywhere) ...
+constexpr std::int64_t k_gemm_target_ctas = 1024;
+//! ... with at least this much of the reduction per split ...
+constexpr std::int64_t k_gemm_min_k_per_split = 128;
+//! ... and at most this many partial floats in all (a 64 MiB workspace).
+constexpr std::int64_t k_gemm_max_partial_floats = std::int64_t(1) << 24;
+
+//! Split-K of one C[M, N] = A[M, K] B[K, N]: `splits` CTAs along K (grid.z), each `k_per`
+//! (a multiple of k_gemm_bk) of the reduction; splits == 1: no partials, outputs stored directly.
+struct gemm_split {
+  int splits = 1, k_per = 0;
+  //! Partial floats the split needs (0 when it stores directly).
+  std::int64_t partial_floats(std::int64_t M, std::int64_t N) const { return splits > 1 ? splits * M * N : 0; }
+};
+
+//! Requires M, N, K >= 0 and M, N, K < 2^31. Every split is non-empty.
+inline gemm_split gemm_split_for(std::int64_t M, std::int64_t N, std::int64_t K) {
+  gemm_split s;
+  s.k_per = static_cast<int>(K);
+  if (M == 0 || N == 0 || K == 0) return s;
+  const std::int64_t tiles = ((M + k_gemm_bm - 1) / k_gemm_bm) * ((N + k_gemm_bn - 1) / k_gemm_bn);
+  std::int64_t n = (k_gemm_target_ctas + tiles - 1) / tiles;
+  const std::int64_t by_k = (K + k_gemm_min_k_per_split - 1) / k_gemm_min_k_per_split;
+  if (n > by_k) n = by_k;
+  const std::int64_t by_space = k_gemm_max_partial_floats / (M * N);
+  if (n > by_space) n = by_space;
+  if (n > 65535) n = 65535;
+  if (n < 2) return s;
+  std::int64_t per = (K + n - 1) / n;
+  per = (per + k_gemm_bk - 1) / k_gemm_bk * k_gemm_bk;
+  s.splits = static_cast<int>((K + per - 1) / per);
+  s.k_per = static_cast<int>(per);
+  return s;
+}
+
+}  // namespace cuda
+}  // namespace detail
+}  // namespace greenmim
