@@ -358,29 +358,48 @@ cudaError_t run_block_bwd(const gm_block_conv_args* a, float* workspace, cudaStr
 
 using namespace greenmim::detail::cuda;
 
+namespace {
+
+//! The workspace_size entry points (the forward's, the backward's).
+cudaError_t block_workspace_size(const gm_block_conv_args* args, bool backward, size_t* bytes) {
+  return no_throw([&]() -> cudaError_t {
+    GM_TRY(check_block_args(args, backward));
+    GM_REFUSE_IF(bytes == nullptr, "bytes is null");
+    *bytes = backward ? block_bwd_workspace_bytes(args) : block_fwd_workspace_bytes(args);
+    return cudaSuccess;
+  });
+}
+
+//! The forward and backward entry points: checks, the workspace's, then the launches.
+cudaError_t block_entry(const gm_block_conv_args* args, bool backward, void* workspace, size_t workspace_bytes,
+                        cudaStream_t stream) {
+  return no_throw([&]() -> cudaError_t {
+    GM_TRY(check_block_args(args, backward));
+    GM_TRY(check_workspace(backward ? block_bwd_workspace_bytes(args) : block_fwd_workspace_bytes(args), workspace,
+                           workspace_bytes,
+                           backward ? "workspace too small (gm_block_conv_bwd_workspace_size)"
+                                    : "workspace too small (gm_block_conv_fwd_workspace_size)"));
+    float* ws = static_cast<float*>(workspace);
+    return with_element_type(args->dtype, [&](auto t) {
+      using T = typename decltype(t)::type;
+      return backward ? run_block_bwd<T>(args, ws, stream) : run_block_fwd<T>(args, ws, stream);
+    });
+  });
+}
+
+}  // namespace
+
 extern "C" cudaError_t gm_block_conv_fwd_can_implement(const gm_block_conv_args* args) {
   return no_throw([&] { return check_block_args(args, false); });
 }
 
 extern "C" cudaError_t gm_block_conv_fwd_workspace_size(const gm_block_conv_args* args, size_t* bytes) {
-  return no_throw([&]() -> cudaError_t {
-    GM_TRY(check_block_args(args, false));
-    GM_REFUSE_IF(bytes == nullptr, "bytes is null");
-    *bytes = block_fwd_workspace_bytes(args);
-    return cudaSuccess;
-  });
+  return block_workspace_size(args, false, bytes);
 }
 
 extern "C" cudaError_t gm_block_conv_fwd(const gm_block_conv_args* args, void* workspace, size_t workspace_bytes,
                                          cudaStream_t stream) {
-  return no_throw([&]() -> cudaError_t {
-    GM_TRY(check_block_args(args, false));
-    GM_TRY(check_workspace(block_fwd_workspace_bytes(args), workspace, workspace_bytes,
-                           "workspace too small (gm_block_conv_fwd_workspace_size)"));
-    return with_element_type(args->dtype, [&](auto t) {
-      return run_block_fwd<typename decltype(t)::type>(args, static_cast<float*>(workspace), stream);
-    });
-  });
+  return block_entry(args, false, workspace, workspace_bytes, stream);
 }
 
 extern "C" cudaError_t gm_block_conv_bwd_can_implement(const gm_block_conv_args* args) {
@@ -388,22 +407,10 @@ extern "C" cudaError_t gm_block_conv_bwd_can_implement(const gm_block_conv_args*
 }
 
 extern "C" cudaError_t gm_block_conv_bwd_workspace_size(const gm_block_conv_args* args, size_t* bytes) {
-  return no_throw([&]() -> cudaError_t {
-    GM_TRY(check_block_args(args, true));
-    GM_REFUSE_IF(bytes == nullptr, "bytes is null");
-    *bytes = block_bwd_workspace_bytes(args);
-    return cudaSuccess;
-  });
+  return block_workspace_size(args, true, bytes);
 }
 
 extern "C" cudaError_t gm_block_conv_bwd(const gm_block_conv_args* args, void* workspace, size_t workspace_bytes,
                                          cudaStream_t stream) {
-  return no_throw([&]() -> cudaError_t {
-    GM_TRY(check_block_args(args, true));
-    GM_TRY(check_workspace(block_bwd_workspace_bytes(args), workspace, workspace_bytes,
-                           "workspace too small (gm_block_conv_bwd_workspace_size)"));
-    return with_element_type(args->dtype, [&](auto t) {
-      return run_block_bwd<typename decltype(t)::type>(args, static_cast<float*>(workspace), stream);
-    });
-  });
+  return block_entry(args, true, workspace, workspace_bytes, stream);
 }
