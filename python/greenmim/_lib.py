@@ -273,11 +273,10 @@ def tensor(t: Optional[torch.Tensor]) -> Tensor:
         return v
     if t.dim() > 4:
         raise GreenmimError(f"greenmim: tensors of rank <= 4 only, got shape {tuple(t.shape)}")
-    v.data = t.data_ptr() if t.numel() > 0 else (t.data_ptr() or ctypes.addressof(_EMPTY))
-    v.rank = t.dim()
-    for i in range(t.dim()):
-        v.extent[i] = t.shape[i]
-        v.stride[i] = t.stride(i)
+    v.data = t.data_ptr() or (ctypes.addressof(_EMPTY) if t.numel() == 0 else 0)
+    n = v.rank = t.dim()
+    v.extent[:n] = t.shape       # slice assignments: one ctypes call each, not one per dimension
+    v.stride[:n] = t.stride()
     return v
 
 

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _backend, _conv_backend as cb
+from . import _backend, _conv_backend as cb, _eager
 from .conv_tables import BlockTable, NeighborTable, check_table_values
-from .ops import _LIB, _check_devices
+from .ops import _check_devices
 
 ALGOS = ("auto", "reference")
 
@@ -50,7 +50,7 @@ def _grad_out(g: Tensor, like: Optional[Tensor], need: bool) -> Optional[Tensor]
 
 # ---- depthwise 3x3 (PEG) ------------------------------------------------------------------------
 
-@torch.library.custom_op(f"{_LIB}::depthwise_conv3x3_fwd", mutates_args=())
+@_eager.op("depthwise_conv3x3_fwd")
 def _dw_fwd(x: Tensor, nbr: Tensor, weight: Tensor, bias: Optional[Tensor], residual: bool) -> Tensor:
     cb.check_depthwise(x, nbr, weight, bias)
     return cb.depthwise_fwd(x, nbr, weight, bias, residual)
@@ -62,7 +62,7 @@ def _(x, nbr, weight, bias, residual):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op(f"{_LIB}::depthwise_conv3x3_bwd", mutates_args=())
+@_eager.op("depthwise_conv3x3_bwd")
 def _dw_bwd(dy: Tensor, x: Tensor, nbr: Tensor, weight: Tensor, residual: bool, need_dw: bool,
             need_db: bool) -> Tuple[Tensor, Tensor, Tensor]:
     dx, dw, db = cb.depthwise_bwd(dy, x, nbr, weight, residual, need_dw, need_db)
@@ -84,16 +84,16 @@ def _dw_setup(ctx, inputs, output):
 def _dw_backward(ctx, dy):
     x, nbr, weight = ctx.saved_tensors
     need_db = ctx.bias and _need(ctx, 3)
-    dx, dw, db = torch.ops.greenmim.depthwise_conv3x3_bwd(dy, x, nbr, weight, ctx.residual, _need(ctx, 2), need_db)
+    dx, dw, db = _eager.call("depthwise_conv3x3_bwd", dy, x, nbr, weight, ctx.residual, _need(ctx, 2), need_db)
     return dx, None, _grad_out(dw, weight, _need(ctx, 2)), db.to(weight.dtype) if need_db else None, None
 
 
-torch.library.register_autograd(f"{_LIB}::depthwise_conv3x3_fwd", _dw_backward, setup_context=_dw_setup)
+_eager.register_autograd("depthwise_conv3x3_fwd", _dw_backward, _dw_setup)
 
 
 # ---- block conv, kernel = stride ----------------------------------------------------------------
 
-@torch.library.custom_op(f"{_LIB}::block_conv_fwd", mutates_args=())
+@_eager.op("block_conv_fwd")
 def _bc_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     cb.check_block(x, gather, weight, bias)
     return cb.block_fwd(x, gather, weight, bias)
@@ -105,7 +105,7 @@ def _(x, gather, weight, bias):
     return x.new_empty((x.shape[0], gather.shape[0], weight.shape[0]))
 
 
-@torch.library.custom_op(f"{_LIB}::block_conv_bwd", mutates_args=())
+@_eager.op("block_conv_bwd")
 def _bc_bwd(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, need_dw: bool,
             need_db: bool) -> Tuple[Tensor, Tensor, Tensor]:
     dx, dw, db = cb.block_bwd(dy, x, gather, weight, need_dw, need_db)
@@ -127,11 +127,11 @@ def _bc_setup(ctx, inputs, output):
 def _bc_backward(ctx, dy):
     x, gather, weight = ctx.saved_tensors
     need_db = ctx.bias and _need(ctx, 3)
-    dx, dw, db = torch.ops.greenmim.block_conv_bwd(dy, x, gather, weight, _need(ctx, 2), need_db)
+    dx, dw, db = _eager.call("block_conv_bwd", dy, x, gather, weight, _need(ctx, 2), need_db)
     return dx, None, _grad_out(dw, weight, _need(ctx, 2)), db.to(weight.dtype) if need_db else None
 
 
-torch.library.register_autograd(f"{_LIB}::block_conv_fwd", _bc_backward, setup_context=_bc_setup)
+_eager.register_autograd("block_conv_fwd", _bc_backward, _bc_setup)
 
 
 # ---- public API ---------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ def submanifold_depthwise_conv3x3(x: Tensor, table: NeighborTable, weight: Tenso
     _check_algo(algo)    # every path is the op: on the CPU the reference beats torch here (docs/sparse-conv.md)
     _check_devices("depthwise conv 3x3", x, neighbor_table=table.nbr, weight=weight, bias=bias)
     check_table_values(table)
-    return torch.ops.greenmim.depthwise_conv3x3_fwd(_autocast(x), table.nbr, weight, bias, bool(residual))
+    return _eager.call("depthwise_conv3x3_fwd", _autocast(x), table.nbr, weight, bias, bool(residual))
 
 
 def block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tensor] = None,
@@ -188,7 +188,7 @@ def block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tens
     if _torch_cpu(x, algo):
         cb.check_block(x, table.gather, weight, bias)
         return _torch_block_conv(x, table, weight, bias)
-    return torch.ops.greenmim.block_conv_fwd(_autocast(x), table.gather, weight, bias)
+    return _eager.call("block_conv_fwd", _autocast(x), table.gather, weight, bias)
 
 
 def _torch_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tensor]) -> Tensor:

@@ -3,6 +3,8 @@
 Each primitive is a ``torch.library.custom_op`` with a fake (shape-only) twin, and autograd is
 registered on the forward op with ``torch.library.register_autograd`` (the FlashAttention
 pattern), so ``torch.compile(fullgraph=True)`` traces models that use them with no graph break.
+In plain eager mode the same implementations and formulas run without the dispatcher
+(``_eager.py``: the custom op's dispatch cost more host time than the kernels).
 
 Public functions:
 - ``group_window_attention(q, k, v, bias_table, partition, window=None, scale=None)``: q, k, v
@@ -20,12 +22,12 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _backend, _cpu_attention
+from . import _backend, _cpu_attention, _eager
 
 if not hasattr(torch.library, "custom_op") or not hasattr(torch.library, "register_autograd"):
     raise ImportError(f"greenmim needs PyTorch >= 2.4 (torch.library.custom_op); this is torch {torch.__version__}")
 
-_LIB = "greenmim"
+_LIB = _eager.LIB
 
 
 Index = _backend.Index
@@ -56,7 +58,7 @@ def _grads(*leading: Optional[Tensor], scalars: int) -> Tuple:
 # ---- attention ----------------------------------------------------------------------------------
 # Schemas: (features..., bias, index: the partition's four tensors, group_size, window, scale, algo).
 
-@torch.library.custom_op(f"{_LIB}::attention_fwd", mutates_args=())
+@_eager.op("attention_fwd")
 def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], index: List[Tensor], group_size: int,
                    window: int, scale: float, algo: str) -> Tuple[Tensor, Tensor]:
     ix = Index.of(index, group_size, window, scale)
@@ -73,7 +75,7 @@ def _(q, k, v, bias, index, group_size, window, scale, algo):
         q.new_empty((B, N, H), dtype=_backend.lse_dtype(q))
 
 
-@torch.library.custom_op(f"{_LIB}::attention_bwd", mutates_args=())
+@_eager.op("attention_bwd")
 def _attention_bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, bias: Optional[Tensor],
                    index: List[Tensor], group_size: int, window: int, scale: float, algo: str,
                    need_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -117,15 +119,15 @@ def _fwd_setup(ctx, inputs, output):
 
 def _fwd_backward(ctx, d_o, d_lse):
     (q, k, v, o, lse, bias), index = _saved(ctx)
-    dq, dk, dv, db = torch.ops.greenmim.attention_bwd(d_o, q, k, v, o, lse, bias, index, *ctx.meta, ctx.bias_grad)
+    dq, dk, dv, db = _eager.call("attention_bwd", d_o, q, k, v, o, lse, bias, index, *ctx.meta, ctx.bias_grad)
     return _grads(dq, dk, dv, db.to(bias.dtype) if ctx.bias_grad else None, scalars=4)
 
 
-torch.library.register_autograd(f"{_LIB}::attention_fwd", _fwd_backward, setup_context=_fwd_setup)
+_eager.register_autograd("attention_fwd", _fwd_backward, _fwd_setup)
 
 
 # Packed qkv: reads the [B, N, 3, H, D] projection in place, writes one packed gradient.
-@torch.library.custom_op(f"{_LIB}::attention_packed_fwd", mutates_args=())
+@_eager.op("attention_packed_fwd")
 def _attention_packed_fwd(qkv: Tensor, bias: Optional[Tensor], index: List[Tensor], group_size: int, window: int,
                           scale: float, algo: str) -> Tuple[Tensor, Tensor]:
     q, k, v = _split_packed(qkv)
@@ -142,7 +144,7 @@ def _(qkv, bias, index, group_size, window, scale, algo):
     return qkv.new_empty((B, N, H, D)), qkv.new_empty((B, N, H), dtype=_backend.lse_dtype(qkv))
 
 
-@torch.library.custom_op(f"{_LIB}::attention_packed_bwd", mutates_args=())
+@_eager.op("attention_packed_bwd")
 def _attention_packed_bwd(d_o: Tensor, qkv: Tensor, o: Tensor, lse: Tensor, bias: Optional[Tensor],
                           index: List[Tensor], group_size: int, window: int, scale: float, algo: str,
                           need_dbias: bool) -> Tuple[Tensor, Tensor]:
@@ -175,11 +177,11 @@ def _packed_setup(ctx, inputs, output):
 
 def _packed_backward(ctx, d_o, d_lse):
     (qkv, o, lse, bias), index = _saved(ctx)
-    dqkv, db = torch.ops.greenmim.attention_packed_bwd(d_o, qkv, o, lse, bias, index, *ctx.meta, ctx.bias_grad)
+    dqkv, db = _eager.call("attention_packed_bwd", d_o, qkv, o, lse, bias, index, *ctx.meta, ctx.bias_grad)
     return _grads(dqkv, db.to(bias.dtype) if ctx.bias_grad else None, scalars=4)
 
 
-torch.library.register_autograd(f"{_LIB}::attention_packed_fwd", _packed_backward, setup_context=_packed_setup)
+_eager.register_autograd("attention_packed_fwd", _packed_backward, _packed_setup)
 
 
 # ---- partition / unpartition ----------------------------------------------------------------------
@@ -199,7 +201,7 @@ def _check_tokens(x: Tensor, ix: Index, slots_axis: bool) -> None:
         raise _backend.GreenmimError(f"greenmim: group_size {ix.group_size} does not divide {ix.gather.numel()} slots")
 
 
-@torch.library.custom_op(f"{_LIB}::partition", mutates_args=())
+@_eager.op("partition")
 def _partition(x: Tensor, index: List[Tensor], group_size: int) -> Tensor:
     _check_partition_device("partition", x, index)
     ix = Index.of(index, group_size)
@@ -213,7 +215,7 @@ def _(x, index, group_size):
     return x.new_empty((x.shape[0], index[0].shape[0], x.shape[2]))
 
 
-@torch.library.custom_op(f"{_LIB}::unpartition", mutates_args=())
+@_eager.op("unpartition")
 def _unpartition(y: Tensor, index: List[Tensor], group_size: int) -> Tensor:
     _check_partition_device("unpartition", y, index)
     ix = Index.of(index, group_size)
@@ -234,16 +236,16 @@ def _index_setup(ctx, inputs, output):
 
 def _partition_backward(ctx, grad):
     _, index = _saved(ctx)
-    return _grads(torch.ops.greenmim.unpartition(grad, index, *ctx.meta), scalars=1)
+    return _grads(_eager.call("unpartition", grad, index, *ctx.meta), scalars=1)
 
 
 def _unpartition_backward(ctx, grad):
     _, index = _saved(ctx)
-    return _grads(torch.ops.greenmim.partition(grad, index, *ctx.meta), scalars=1)
+    return _grads(_eager.call("partition", grad, index, *ctx.meta), scalars=1)
 
 
-torch.library.register_autograd(f"{_LIB}::partition", _partition_backward, setup_context=_index_setup)
-torch.library.register_autograd(f"{_LIB}::unpartition", _unpartition_backward, setup_context=_index_setup)
+_eager.register_autograd("partition", _partition_backward, _index_setup)
+_eager.register_autograd("unpartition", _unpartition_backward, _index_setup)
 
 
 # ---- public API -----------------------------------------------------------------------------------
@@ -293,7 +295,7 @@ def group_window_attention(q: Tensor, k: Tensor, v: Tensor, bias_table: Optional
             return o
     algo = "auto" if algo == "reference" else algo
     q, k, v = _autocast(q, k, v)
-    o, _ = torch.ops.greenmim.attention_fwd(q, k, v, bias_table, *ix.op_args(), algo)
+    o, _ = _eager.call("attention_fwd", q, k, v, bias_table, *ix.op_args(), algo)
     return o
 
 
@@ -313,17 +315,17 @@ def group_window_attention_packed(qkv: Tensor, bias_table: Optional[Tensor], par
             return o
     algo = "auto" if algo == "reference" else algo
     (qkv,) = _autocast(qkv)
-    o, _ = torch.ops.greenmim.attention_packed_fwd(qkv, bias_table, *ix.op_args(), algo)
+    o, _ = _eager.call("attention_packed_fwd", qkv, bias_table, *ix.op_args(), algo)
     return o
 
 
 def partition_tokens(x: Tensor, partition) -> Tensor:
     """Groups token features ``[B, N, C] -> [B, num_groups * G, C]`` (padding rows zero)."""
     _check_partition_device("partition", x, partition)
-    return torch.ops.greenmim.partition(x, Index.tensors(partition), partition.group_size)
+    return _eager.call("partition", x, Index.tensors(partition), partition.group_size)
 
 
 def unpartition_tokens(y: Tensor, partition) -> Tensor:
     """Ungroups ``[B, num_groups * G, C] -> [B, N, C]`` (padding rows are never read)."""
     _check_partition_device("unpartition", y, partition)
-    return torch.ops.greenmim.unpartition(y, Index.tensors(partition), partition.group_size)
+    return _eager.call("unpartition", y, Index.tensors(partition), partition.group_size)

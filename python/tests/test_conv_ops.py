@@ -211,3 +211,36 @@ def test_bad_input_is_refused_with_the_reason():
         greenmim.neighbor_table(mask.float())
     with greenmim.emulate_cuda(), pytest.raises(GreenmimError, match="float32, float16 or bfloat16"):
         conv(x.double(), nt, w.double())
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_eager_fast_path_is_taken_and_equals_the_custom_op(emulated):
+    """In plain eager mode the ops skip the dispatcher (greenmim._eager); the results and every
+    gradient are bitwise those of the custom ops, on the CPU reference and on the kernels."""
+    from greenmim import _eager
+    g = torch.Generator().manual_seed(11)
+    mask = stage_mask(16, 2, True, g, keep=0.4)
+    nt, bt = greenmim.neighbor_table(mask, cache=False), greenmim.block_table(mask, 4, cache=False)
+    dt = torch.float32 if emulated else D
+    x = features(nt.num_tokens, mask, 16, dt)
+    w, b, wb, bb = torch.randn(16, 1, 3, 3), torch.randn(16), torch.randn(8, 16, 4, 4), torch.randn(8)
+    cases = ((lambda x, w, b: greenmim.submanifold_depthwise_conv3x3(x, nt, w, b, residual=True, algo="reference"), w, b),
+             (lambda x, w, b: greenmim.block_conv(x, bt, w, b, algo="reference"), wb, bb),
+             (lambda x, w, b: greenmim.submanifold_depthwise_conv3x3(x, nt, w, None), w, b))
+    ctx = greenmim.emulate_cuda() if emulated else torch.enable_grad()
+    with ctx:
+        for f, weight, bias in cases:
+            runs = []
+            for disable in (True, False):
+                ins = [t.clone().to(dt if t is x else t.dtype).requires_grad_() for t in (x, weight, bias)]
+                before = _eager.fast_calls()
+                with (_eager.disabled() if disable else torch.enable_grad()):
+                    y = f(*ins)
+                    grads = torch.autograd.grad(y, ins, torch.ones_like(y), allow_unused=True)
+                taken = _eager.fast_calls() - before
+                assert taken == (0 if disable else 2), taken          # forward and backward op
+                runs.append((y.detach(), grads))
+            (y0, g0), (y1, g1) = runs
+            assert torch.equal(y0, y1)
+            for a, c in zip(g0, g1):
+                assert (a is None and c is None) or torch.equal(a, c)

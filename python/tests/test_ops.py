@@ -223,3 +223,40 @@ def test_a_plan_on_another_device_is_refused_by_every_op(plan_dev, data_dev):
             call()
         msg = str(e.value)
         assert plan_dev in msg and data_dev in msg, (what, msg)
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_eager_fast_path_is_taken_and_equals_the_custom_op(emulated):
+    """In plain eager mode the ops skip the dispatcher (greenmim._eager); outputs and gradients
+    are bitwise the custom ops'. Under a dispatch mode (FlopCounterMode) the custom ops run."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from greenmim import _eager, flops as gm_flops
+    dt = torch.float32 if emulated else torch.float64
+    part, q, k, v, bias = _case(batch=2, dtype=dt, heads=1, head_dim=32 if emulated else 4)   # kernels: 32 or 64
+    qkv = torch.stack([q, k, v], 2)
+    x = torch.randn(q.shape[0], q.shape[1], 8, dtype=dt)
+
+    def run(disable):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, bias, qkv, x)]
+        qq, kk, vv, bb, pk, xx = leaves
+        before = _eager.fast_calls()
+        with (_eager.disabled() if disable else torch.enable_grad()):
+            outs = (greenmim.group_window_attention(qq, kk, vv, bb, part, algo="reference"),
+                    greenmim.group_window_attention_packed(pk, bb, part, algo="reference"),
+                    greenmim.unpartition_tokens(greenmim.partition_tokens(xx, part), part))
+            loss = sum((o * torch.randn(o.shape, generator=torch.Generator().manual_seed(i), dtype=dt)).sum()
+                       for i, o in enumerate(outs))
+            grads = torch.autograd.grad(loss, leaves)
+        return outs, grads, _eager.fast_calls() - before
+
+    with (greenmim.emulate_cuda() if emulated else torch.enable_grad()):
+        o0, g0, n0 = run(True)
+        o1, g1, n1 = run(False)
+        assert (n0, n1) == (0, 8)     # 4 forward ops, 4 backward ops
+        for a, b in zip(o0 + g0, o1 + g1):
+            assert torch.equal(a, b)
+        gm_flops.register_flop_formulas()
+        before = _eager.fast_calls()
+        with FlopCounterMode(display=False) as fc:
+            greenmim.group_window_attention(q, k, v, bias, part, algo="reference")
+        assert _eager.fast_calls() == before and fc.get_total_flops() > 0

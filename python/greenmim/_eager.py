@@ -1,0 +1,95 @@
+"""The ops' eager fast path: the same Python implementations and autograd formulas as the custom
+ops, called without the dispatcher when nothing needs it.
+
+Each op is a ``torch.library.custom_op`` (ops.py, conv_ops.py), which is what ``torch.compile``,
+fake tensors, ``FlopCounterMode``, ``torch.func`` and tensor subclasses (FSDP2's DTensor) see.
+A custom op call costs its dispatch, though: on the CPU that trains next to a GPU, a
+partition + attention + unpartition block spent about 0.9 ms of host time in it, forward only,
+against a few microseconds for a plain torch op (``bench/op_overhead.py``). That was more than the
+kernels' time at Swin-B's and Twins-L's shapes (docs/perf/NVIDIA_H200_2026-11-26).
+
+:func:`call` therefore runs an op's implementation directly, with its registered autograd as a
+``torch.autograd.Function``. It does so only in plain eager mode: not while compiling, with no
+dispatch or function mode active (FlopCounterMode, FakeTensorMode, ...), no functorch transform,
+and plain tensors or parameters only. Anything else goes through ``torch.ops.greenmim``, as
+before. A backward op (no autograd of its own) runs directly only when grad mode is off (a
+normal backward), so a double backward still reaches the custom op and its error. Both paths run
+the same code, so they agree bit for bit (tests/test_ops.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Callable, Dict
+
+import torch
+
+LIB = "greenmim"
+
+_impls: Dict[str, Callable] = {}                          # op name -> its Python implementation
+_functions: Dict[str, type] = {}                          # forward op name -> autograd.Function
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_state = threading.local()
+
+
+def op(name: str):
+    """``@op("attention_fwd")``: ``torch.library.custom_op("greenmim::attention_fwd")``, keeping
+    the undecorated function for the fast path."""
+    def wrap(fn: Callable):
+        _impls[name] = fn
+        return torch.library.custom_op(f"{LIB}::{name}", mutates_args=())(fn)
+    return wrap
+
+
+def register_autograd(name: str, backward: Callable, setup_context: Callable) -> None:
+    """``torch.library.register_autograd`` for the custom op, and the same formulas as the fast
+    path's autograd.Function. ``backward`` returns gradients shaped as the op's inputs (a list of
+    Nones for a list input): the Function gives a single None for such an input."""
+    torch.library.register_autograd(f"{LIB}::{name}", backward, setup_context=setup_context)
+    impl = _impls[name]
+
+    def fn_forward(ctx, *args):  # forward(ctx, ...): a separate setup_context costs a signature bind per call
+        out = impl(*args)
+        setup_context(ctx, args, out)
+        return out
+
+    def fn_backward(ctx, *grads):
+        return tuple(None if isinstance(g, list) else g for g in backward(ctx, *grads))
+
+    _functions[name] = type(f"_{name}", (torch.autograd.Function,), {
+        "forward": staticmethod(fn_forward),
+        "backward": staticmethod(fn_backward),
+    })
+
+
+@contextlib.contextmanager
+def disabled():
+    """Within this context every op goes through ``torch.ops.greenmim`` (tests compare the paths)."""
+    old = getattr(_state, "off", False)
+    _state.off = True
+    try:
+        yield
+    finally:
+        _state.off = old
+
+
+def fast_calls() -> int:
+    """How many calls took the fast path on this thread (tests check that eager code takes it)."""
+    return getattr(_state, "calls", 0)
+
+
+def _eager_only() -> bool:
+    if torch.compiler.is_compiling() or getattr(_state, "off", False):
+        return False
+    return not (torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
+                or torch._C._are_functorch_transforms_active())
+
+
+def call(name: str, *args):
+    """``torch.ops.greenmim.<name>(*args)``, or its implementation directly where that is the same."""
+    if _eager_only() and all(type(a) in _PLAIN for a in args if isinstance(a, torch.Tensor)):
+        f = _functions.get(name)
+        if f is not None or not torch.is_grad_enabled():
+            _state.calls = getattr(_state, "calls", 0) + 1
+            return f.apply(*args) if f is not None else _impls[name](*args)
+    return getattr(torch.ops.greenmim, name)(*args)
