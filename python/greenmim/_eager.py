@@ -14,11 +14,14 @@ dispatch or function mode active (FlopCounterMode, FakeTensorMode, ...), no func
 and plain tensors or parameters only. Anything else goes through ``torch.ops.greenmim``, as
 before. A backward op (no autograd of its own) runs directly only when grad mode is off (a
 normal backward), so a double backward still reaches the custom op and its error. Both paths run
-the same code, so they agree bit for bit (tests/test_ops.py).
+the same code, so they agree bit for bit (tests/test_ops.py). ``GREENMIM_EAGER_DISPATCH=1`` in
+the environment sends every call through the dispatcher (an A/B switch for benchmarks, and an
+escape hatch).
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Callable, Dict
 
@@ -30,6 +33,7 @@ _impls: Dict[str, Callable] = {}                          # op name -> its Pytho
 _functions: Dict[str, type] = {}                          # forward op name -> autograd.Function
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _state = threading.local()
+_ALWAYS_DISPATCH = os.environ.get("GREENMIM_EAGER_DISPATCH", "0") not in ("", "0")
 
 
 def op(name: str):
@@ -79,7 +83,7 @@ def fast_calls() -> int:
 
 
 def _eager_only() -> bool:
-    if torch.compiler.is_compiling() or getattr(_state, "off", False):
+    if torch.compiler.is_compiling() or _ALWAYS_DISPATCH or getattr(_state, "off", False):
         return False
     return not (torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
                 or torch._C._are_functorch_transforms_active())

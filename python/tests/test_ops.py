@@ -260,3 +260,18 @@ def test_eager_fast_path_is_taken_and_equals_the_custom_op(emulated):
         with FlopCounterMode(display=False) as fc:
             greenmim.group_window_attention(q, k, v, bias, part, algo="reference")
         assert _eager.fast_calls() == before and fc.get_total_flops() > 0
+
+
+def test_eager_dispatch_switch_sends_every_call_through_the_dispatcher():
+    import os
+    import subprocess
+    import sys
+    code = ("import torch, greenmim; from greenmim import _eager; x = torch.randn(1, 4, 2); "
+            "m = torch.zeros(8, 8, dtype=torch.bool); m[:4, :4] = True; "
+            "p = greenmim.stage_partition(m, 4, 0, channels=2, cache=False); "
+            "greenmim.partition_tokens(torch.randn(1, p.num_tokens, 2), p); print(_eager.fast_calls())")
+    for value, want in (("1", "0"), ("0", "1")):
+        env = dict(os.environ, GREENMIM_EAGER_DISPATCH=value)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == want, (value, out.stdout, out.stderr)
