@@ -1,12 +1,14 @@
-// The one-call encoder plan (encoder_plan.hpp): every stage of Swin-B at 224 px (both shifts,
-// merges, positions, per-sample offsets) for one shared mask and for per-sample batches of 8,
-// 32 and 128, mask ratio 0.75, masks cycling through a fixed set. `prepare` plans and lays out;
-// `write` fills the caller's arena (the PyTorch package writes straight into a torch tensor).
-// Counters: arena entries, and images per second.
+// The one-call encoder plans: every stage of Swin-B at 224 px (encoder_plan.hpp: both shifts,
+// merges, positions, per-sample offsets) and of Twins-L (twins_plan.hpp: LSA partitions, PEG
+// neighbour tables, GSA key and patch-embedding block tables, padded per-sample layouts), for one
+// shared mask and for per-sample batches of 8, 32 and 128, mask ratio 0.75, masks cycling through a
+// fixed set. `prepare` plans and lays out; `write` fills the caller's arena (the PyTorch package
+// writes straight into a torch tensor). Counters: arena entries, and images per second.
 #include <benchmark/benchmark.h>
 
 #include <greenmim/encoder_plan.hpp>
 #include <greenmim/random_masks.hpp>
+#include <greenmim/twins_plan.hpp>
 
 #include <vector>
 
@@ -53,7 +55,32 @@ void BM_encoder_plan(benchmark::State& st) {
                                                benchmark::Counter::kIsRate);
 }
 
+void BM_twins_plan(benchmark::State& st) {
+  const index_t batch = static_cast<index_t>(st.range(0));
+  const bool per_sample = batch > 0;
+  const index_t M = per_sample ? batch : 1;
+  const auto masks = unit_masks(M, 8);
+  const twins_geometry geo;  // Twins-L at 224 px
+  twins_planner planner;
+  twins_plan layout;
+  std::vector<index_t> arena;
+  size_t i = 0;
+  for (auto _ : st) {
+    const auto& m = masks[i++ % masks.size()];
+    if (planner.prepare(span<const std::uint8_t>(m), M, 7, 7, per_sample, geo, {}, layout) != status::success) {
+      st.SkipWithError("prepare failed");
+      break;
+    }
+    if (arena.size() < static_cast<size_t>(planner.arena_size())) arena.resize(static_cast<size_t>(planner.arena_size()));
+    planner.write(arena.data());
+    benchmark::DoNotOptimize(arena.data());
+  }
+  st.counters["arena_entries"] = static_cast<double>(planner.arena_size());
+  st.counters["images/s"] = benchmark::Counter(static_cast<double>(M) * st.iterations(), benchmark::Counter::kIsRate);
+}
+
 }  // namespace
 
 // 0: one shared mask; B > 0: a per-sample batch of B
+BENCHMARK(BM_twins_plan)->ArgName("per_sample_batch")->Arg(0)->Arg(8)->Arg(32)->Arg(128)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_encoder_plan)->ArgName("per_sample_batch")->Arg(0)->Arg(8)->Arg(32)->Arg(128)->Unit(benchmark::kMicrosecond);

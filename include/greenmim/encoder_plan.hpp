@@ -78,6 +78,109 @@ struct encoder_plan {
   std::vector<index_t> arena;
 };
 
+namespace detail {
+
+//! One partition of an encoder plan (a stage and shift of Swin, a stage of Twins' LSA), built
+//! without the general builders' per-call validation: the token lists it gets are valid by
+//! construction. `build` sorts the tokens into windows (a counting sort by window id) and runs the
+//! planner; the caller lays the four arrays out in its arena and `write` fills them. Keeps its
+//! scratch between calls. Tokens: sample b owns [cu[b], cu[b+1]) of `coords` (packed, any order
+//! within a sample); the token axis is the samples' tokens, sample-major.
+class window_partitioner {
+ public:
+  //! Plans the windows of geometry `g` over `M` samples into `out` (every field but the arena
+  //! ranges, which the caller takes: slots() entries for gather, slot_window and slot_coord, N for
+  //! scatter). Fails with overflow, or the planner's statuses.
+  status build(const window_geometry& g, index_t M, const index_t* coords, const index_t* cu, planner<flops_cost>& pl,
+               const encoder_plan_options& opt, encoder_partition& out) {
+    const index_t H = g.height, off = g.offset(), nww = g.windows_w(), nwps = g.num_windows();
+    const std::int64_t nw64 = static_cast<std::int64_t>(M) * nwps;
+    if (nw64 > (std::int64_t{1} << 30)) return status::overflow;
+    const index_t nw = static_cast<index_t>(nw64), N = cu[M];
+    row_.resize(static_cast<size_t>(H));
+    col_.resize(static_cast<size_t>(H));
+    for (index_t i = 0; i < H; ++i) {
+      row_[static_cast<size_t>(i)] = ((i + off) / g.window) * nww;
+      col_[static_cast<size_t>(i)] = (i + off) / g.window;
+    }
+    wid_.resize(static_cast<size_t>(N));
+    sizes_.assign(static_cast<size_t>(nw), 0);
+    for (index_t b = 0; b < M; ++b)
+      for (index_t t = cu[b]; t < cu[b + 1]; ++t) {
+        const index_t c = coords[t];
+        const index_t w = b * nwps + row_[static_cast<size_t>(coord_h(c))] + col_[static_cast<size_t>(coord_w(c))];
+        wid_[static_cast<size_t>(t)] = w;
+        ++sizes_[static_cast<size_t>(w)];
+      }
+    offsets_.resize(static_cast<size_t>(nw) + 1);
+    offsets_[0] = 0;
+    for (size_t w = 0; w < static_cast<size_t>(nw); ++w) offsets_[w + 1] = offsets_[w] + sizes_[w];
+    cursor_.assign(offsets_.begin(), offsets_.end() - 1);
+    tokens_.resize(static_cast<size_t>(N));
+    for (index_t t = 0; t < N; ++t) tokens_[static_cast<size_t>(cursor_[static_cast<size_t>(wid_[static_cast<size_t>(t)])]++)] = t;
+
+    planner_options po;
+    po.strat = opt.strat;
+    po.group_size = opt.window_area_groups ? g.window * g.window : opt.group_size;
+    po.max_group_size = opt.max_group_size;
+    const bool sweeps = (opt.strat == strategy::fast || opt.strat == strategy::paper) && po.group_size == 0;
+    if (po.max_group_size == 0 && opt.stage_cap && sweeps) po.max_group_size = opt.stage_cap(g.window);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (status e = pl.run(span<const index_t>(sizes_), po, groups_); e != status::success) return e;
+    out.plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    const index_t G = groups_.group_size, ng = groups_.num_groups();
+    if (static_cast<std::int64_t>(ng) * G > (std::int64_t{1} << 30)) return status::overflow;
+    out.group_size = G;
+    out.num_groups = ng;
+    out.num_windows = nw;
+    out.window = g.window;
+    out.shift = g.shift;
+    out.budget_exhausted = groups_.budget_exhausted;
+    out.cost = groups_.cost;
+    out.lower_bound = groups_.lower_bound;
+    return status::success;
+  }
+
+  //! Slots of the last build (num_groups * group_size).
+  std::int64_t slots() const { return static_cast<std::int64_t>(groups_.num_groups()) * groups_.group_size; }
+
+  //! Writes the last build's gather, scatter, slot_window and slot_coord at `o`'s ranges: group g's
+  //! windows in plan order, each window's tokens ascending, padding at the end.
+  void write(const index_t* coords, const encoder_partition& o, index_t* arena) const {
+    index_t* gather = arena + o.gather.offset;
+    index_t* scatter = arena + o.scatter.offset;
+    index_t* slot_window = arena + o.slot_window.offset;
+    index_t* slot_coord = arena + o.slot_coord.offset;
+    // Per window: gather is a copy of its token run and slot_window a fill (both vectorise);
+    // only scatter and slot_coord go token by token. The write is store-bound: four streams.
+    for (index_t gi = 0; gi < o.num_groups; ++gi) {
+      index_t slot = gi * o.group_size;
+      const index_t end = slot + o.group_size;
+      for (index_t w : groups_.group(gi)) {
+        const index_t first = offsets_[static_cast<size_t>(w)], n = offsets_[static_cast<size_t>(w) + 1] - first;
+        const index_t* tokens = tokens_.data() + first;
+        std::memcpy(gather + slot, tokens, static_cast<size_t>(n) * sizeof(index_t));
+        std::fill_n(slot_window + slot, n, w);
+        for (index_t k = 0; k < n; ++k) {
+          scatter[tokens[k]] = slot + k;
+          slot_coord[slot + k] = coords[tokens[k]];
+        }
+        slot += n;
+      }
+      std::fill(gather + slot, gather + end, pad_index);
+      std::fill(slot_window + slot, slot_window + end, pad_index);
+      std::fill(slot_coord + slot, slot_coord + end, index_t{0});
+    }
+  }
+
+ private:
+  std::vector<index_t> offsets_, tokens_;  // windows in CSR form, tokens ascending within one
+  greenmim::plan groups_;
+  std::vector<index_t> row_, col_, wid_, sizes_, cursor_;  // scratch
+};
+
+}  // namespace detail
+
 //! Builds encoder plans in two phases, as CUB's temporary-storage calls: `prepare` plans every
 //! stage and lays out the arena (its size and every array's range), `write` fills caller memory
 //! (a torch tensor, pinned memory) with it. `run` does both into an owning `encoder_plan`.
@@ -130,7 +233,13 @@ class encoder_planner {
           o.part[1] = o.part[0];
           continue;
         }
-        if (status e = partition(g, planners_[s], opt, x, x.part[k], o.part[k]); e != status::success) return e;
+        detail::window_partitioner& wp = x.part[k];
+        if (status e = wp.build(g, M_, x.coords.data(), x.cu.data(), planners_[s], opt, o.part[k]); e != status::success)
+          return e;
+        o.part[k].gather = take(wp.slots());
+        o.part[k].scatter = take(x.n);
+        o.part[k].slot_window = take(wp.slots());
+        o.part[k].slot_coord = take(wp.slots());
       }
       o.position = take(o.num_tokens);
       if (per_sample) o.cu_seqlens = take(static_cast<std::int64_t>(M_) + 1);
@@ -158,7 +267,7 @@ class encoder_planner {
     for (size_t s = 0; s < layout_.stages.size(); ++s) {
       const stage_state& x = st_[s];
       const encoder_stage& o = layout_.stages[s];
-      for (int k = 0; k < (x.shared_shift ? 1 : 2); ++k) write_partition(x, x.part[k], o.part[k], arena);
+      for (int k = 0; k < (x.shared_shift ? 1 : 2); ++k) x.part[k].write(x.coords.data(), o.part[k], arena);
       index_t* p = arena + o.position.offset;
       for (index_t b = 0; b < M_; ++b) {
         const index_t base = per_sample_ ? b * o.height * o.width : 0;
@@ -184,14 +293,10 @@ class encoder_planner {
   }
 
  private:
-  struct shift_state {
-    std::vector<index_t> offsets, tokens;  //!< windows in CSR form, tokens ascending within one
-    plan groups;
-  };
   struct stage_state {
     std::vector<index_t> coords, cu, g4;  //!< visible tokens (packed, row-major per sample; the first n), merge
     index_t n = 0;
-    shift_state part[2];
+    detail::window_partitioner part[2];   //!< plain and shifted windows
     bool shared_shift = false;
   };
 
@@ -246,91 +351,6 @@ class encoder_planner {
     x.n = x.cu.back();
   }
 
-  //! Windows (a counting sort of the tokens by window id) and the plan of one stage and shift.
-  status partition(const window_geometry& g, planner<flops_cost>& pl, const encoder_plan_options& opt,
-                   const stage_state& x, shift_state& y, encoder_partition& out) {
-    const index_t H = g.height, off = g.offset(), nww = g.windows_w(), nwps = g.num_windows();
-    const std::int64_t nw64 = static_cast<std::int64_t>(M_) * nwps;
-    if (nw64 > (std::int64_t{1} << 30)) return status::overflow;
-    const index_t nw = static_cast<index_t>(nw64), N = x.n;
-    row_.resize(static_cast<size_t>(H));
-    col_.resize(static_cast<size_t>(H));
-    for (index_t i = 0; i < H; ++i) {
-      row_[static_cast<size_t>(i)] = ((i + off) / g.window) * nww;
-      col_[static_cast<size_t>(i)] = (i + off) / g.window;
-    }
-    wid_.resize(static_cast<size_t>(N));
-    sizes_.assign(static_cast<size_t>(nw), 0);
-    for (index_t b = 0; b < M_; ++b)
-      for (index_t t = x.cu[static_cast<size_t>(b)]; t < x.cu[static_cast<size_t>(b) + 1]; ++t) {
-        const index_t c = x.coords[static_cast<size_t>(t)];
-        const index_t w = b * nwps + row_[static_cast<size_t>(coord_h(c))] + col_[static_cast<size_t>(coord_w(c))];
-        wid_[static_cast<size_t>(t)] = w;
-        ++sizes_[static_cast<size_t>(w)];
-      }
-    y.offsets.resize(static_cast<size_t>(nw) + 1);
-    y.offsets[0] = 0;
-    for (size_t w = 0; w < static_cast<size_t>(nw); ++w) y.offsets[w + 1] = y.offsets[w] + sizes_[w];
-    cursor_.assign(y.offsets.begin(), y.offsets.end() - 1);
-    y.tokens.resize(static_cast<size_t>(N));
-    for (index_t t = 0; t < N; ++t) y.tokens[static_cast<size_t>(cursor_[static_cast<size_t>(wid_[static_cast<size_t>(t)])]++)] = t;
-
-    planner_options po;
-    po.strat = opt.strat;
-    po.group_size = opt.window_area_groups ? g.window * g.window : opt.group_size;
-    po.max_group_size = opt.max_group_size;
-    const bool sweeps = (opt.strat == strategy::fast || opt.strat == strategy::paper) && po.group_size == 0;
-    if (po.max_group_size == 0 && opt.stage_cap && sweeps) po.max_group_size = opt.stage_cap(g.window);
-    const auto t0 = std::chrono::steady_clock::now();
-    if (status e = pl.run(span<const index_t>(sizes_), po, y.groups); e != status::success) return e;
-    out.plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    const index_t G = y.groups.group_size, ng = y.groups.num_groups();
-    const std::int64_t slots = static_cast<std::int64_t>(ng) * G;
-    if (slots > (std::int64_t{1} << 30)) return status::overflow;
-    out.group_size = G;
-    out.num_groups = ng;
-    out.num_windows = nw;
-    out.window = g.window;
-    out.shift = g.shift;
-    out.budget_exhausted = y.groups.budget_exhausted;
-    out.cost = y.groups.cost;
-    out.lower_bound = y.groups.lower_bound;
-    out.gather = take(slots);
-    out.scatter = take(N);
-    out.slot_window = take(slots);
-    out.slot_coord = take(slots);
-    return status::success;
-  }
-
-  //! Group g's windows in plan order, each window's tokens ascending, padding at the end.
-  void write_partition(const stage_state& x, const shift_state& y, const encoder_partition& o, index_t* arena) const {
-    index_t* gather = arena + o.gather.offset;
-    index_t* scatter = arena + o.scatter.offset;
-    index_t* slot_window = arena + o.slot_window.offset;
-    index_t* slot_coord = arena + o.slot_coord.offset;
-    // Per window: gather is a copy of its token run and slot_window a fill (both vectorise);
-    // only scatter and slot_coord go token by token. The write is store-bound: four streams.
-    const index_t* coords = x.coords.data();
-    for (index_t gi = 0; gi < o.num_groups; ++gi) {
-      index_t slot = gi * o.group_size;
-      const index_t end = slot + o.group_size;
-      for (index_t w : y.groups.group(gi)) {
-        const index_t first = y.offsets[static_cast<size_t>(w)], n = y.offsets[static_cast<size_t>(w) + 1] - first;
-        const index_t* tokens = y.tokens.data() + first;
-        std::memcpy(gather + slot, tokens, static_cast<size_t>(n) * sizeof(index_t));
-        std::fill_n(slot_window + slot, n, w);
-        for (index_t k = 0; k < n; ++k) {
-          scatter[tokens[k]] = slot + k;
-          slot_coord[slot + k] = coords[tokens[k]];
-        }
-        slot += n;
-      }
-      std::fill(gather + slot, gather + end, pad_index);
-      std::fill(slot_window + slot, slot_window + end, pad_index);
-      std::fill(slot_coord + slot, slot_coord + end, index_t{0});
-    }
-  }
-
   //! Patch merging of stage x into stage y (merging.hpp's order: (0,0), (1,0), (0,1), (1,1)).
   //! A 2x2 block must be all visible or all masked.
   status merge(index_t H, stage_state& x, const stage_state& y) {
@@ -374,7 +394,7 @@ class encoder_planner {
   encoder_plan layout_;
   std::vector<stage_state> st_;
   std::vector<planner<flops_cost>> planners_;
-  std::vector<index_t> runs_, row_, col_, wid_, sizes_, cursor_, index_of_;
+  std::vector<index_t> runs_, index_of_;
 };
 
 }  // namespace greenmim

@@ -21,8 +21,10 @@
 //! and the rule makes no difference; a finer mask (e.g. per patch) is planned, not refused: each
 //! stage's tokens are the blocks of the previous one that hold a visible token.
 //!
-//! The tables are the builders' own (windows.hpp, planner.hpp, partition.hpp, sparse_conv.hpp),
-//! laid out one after the other; test_twins_plan.cpp checks the arena against them.
+//! The tables are those of the general builders (windows.hpp, planner.hpp, partition.hpp,
+//! sparse_conv.hpp), laid out one after the other; test_twins_plan.cpp checks the arena against
+//! them. The LSA partition is built as encoder_plan.hpp builds Swin's (its window_partitioner),
+//! without the general builders' validation of lists that are valid by construction.
 #pragma once
 
 #include <algorithm>
@@ -113,9 +115,7 @@ class twins_planner {
       const std::vector<index_t>& cu = x.cu;
       const span<const index_t> cus(cu), coords(x.coords);
       if (status e = lsa(geo.windows[s], geo.channels[s], opt, planners_[s], x, o.lsa); e != status::success) return e;
-      status e = per_sample ? build_neighbor_table_per_sample(x.side, x.side, 3, cus, coords, x.nbr)
-                            : build_neighbor_table(x.side, x.side, 3, coords, x.nbr);
-      if (e != status::success) return e;
+      status e = status::success;  // the PEG's neighbour table: written straight into the arena by `write`
       const index_t sr = geo.sr_ratios[s];
       x.key_cu = cu;
       if (sr > 1) {
@@ -145,8 +145,8 @@ class twins_planner {
         o.embed = take(static_cast<std::int64_t>(x.embed.gather.size()));
         stage_state& y = st_[s + 1];
         y.side = x.side / 2;
-        y.coords = x.embed.next_coords;
         y.cu = per_sample ? x.embed.next_cu_seqlens : std::vector<index_t>{0, x.embed.num_outputs()};
+        y.coords.swap(x.embed.next_coords);  // the next stage's tokens (write reads only x.embed.gather)
       } else {
         o.unit_rank = take(static_cast<std::int64_t>(M_) * x.side * x.side);
       }
@@ -167,10 +167,7 @@ class twins_planner {
     for (size_t s = 0; s < layout_.stages.size(); ++s) {
       const stage_state& x = st_[s];
       const twins_stage& o = layout_.stages[s];
-      put(x.part.gather, arena, o.lsa.gather);
-      put(x.part.scatter, arena, o.lsa.scatter);
-      put(x.part.slot_window, arena, o.lsa.slot_window);
-      put(x.part.slot_coord, arena, o.lsa.slot_coord);
+      x.part.write(x.coords.data(), o.lsa, arena);
       index_t* p = arena + o.position.offset;
       const index_t area = x.side * x.side;
       for (index_t b = 0; b + 1 < static_cast<index_t>(x.cu.size()); ++b)
@@ -179,7 +176,7 @@ class twins_planner {
           p[t] = (per_sample_ ? b * area : 0) + coord_h(c) * x.side + coord_w(c);
         }
       if (o.cu_seqlens.size) put(x.cu, arena, o.cu_seqlens);
-      put(x.nbr.nbr, arena, o.neighbors);
+      if (status e = write_neighbors(x, arena + o.neighbors.offset); e != status::success) return e;
       if (o.keys.size) put(x.keys.gather, arena, o.keys);
       if (o.key_cu_seqlens.size) put(x.key_cu, arena, o.key_cu_seqlens);
       if (o.query_slot.size) write_padding(x, o, arena);
@@ -204,8 +201,7 @@ class twins_planner {
   struct stage_state {
     index_t side = 0;
     std::vector<index_t> coords, cu, key_cu;  //!< tokens (packed, row-major per sample), offsets
-    partition_indices part;
-    neighbor_table nbr;
+    detail::window_partitioner part;  //!< the LSA windows
     block_table keys, embed;
   };
 
@@ -253,19 +249,38 @@ class twins_planner {
     return false;
   }
 
-  //! Stage-1 tokens: the grid cells whose mask cell is visible, row-major per sample.
-  void scan(span<const std::uint8_t> mask, index_t mh, index_t mw, index_t grid, stage_state& x) const {
+  //! Stage-1 tokens: the grid cells whose mask cell is visible, row-major per sample. A row is
+  //! scanned as runs of columns that share one mask cell (no division per cell).
+  void scan(span<const std::uint8_t> mask, index_t mh, index_t mw, index_t grid, stage_state& x) {
     const index_t fh = grid / mh, fw = grid / mw;
     x.side = grid;
-    x.coords.clear();
+    x.coords.resize(static_cast<size_t>(M_) * grid * grid);
+    index_t* out = x.coords.data();
     x.cu.assign(static_cast<size_t>(M_) + 1, 0);
     for (index_t b = 0; b < M_; ++b) {
       const std::uint8_t* m = mask.data() + static_cast<std::int64_t>(b) * mh * mw;
-      for (index_t h = 0; h < grid; ++h)
-        for (index_t w = 0; w < grid; ++w)
-          if (m[static_cast<std::int64_t>(h / fh) * mw + w / fw]) x.coords.push_back(pack_coord(h, w));
-      x.cu[static_cast<size_t>(b) + 1] = static_cast<index_t>(x.coords.size());
+      for (index_t h = 0; h < grid; ++h) {
+        const std::uint8_t* row = m + static_cast<std::int64_t>(h / fh) * mw;
+        for (index_t c = 0; c < mw; ++c)
+          if (row[c])
+            for (index_t w = c * fw; w < (c + 1) * fw; ++w) *out++ = pack_coord(h, w);
+      }
+      x.cu[static_cast<size_t>(b) + 1] = static_cast<index_t>(out - x.coords.data());
     }
+    x.coords.resize(static_cast<size_t>(x.cu.back()));
+  }
+
+  //! The PEG's 3x3 neighbour table of stage x (sparse_conv.hpp's, sample by sample) at `out`.
+  status write_neighbors(const stage_state& x, index_t* out) const {
+    const size_t cells = static_cast<size_t>(x.side) * x.side;
+    if (grid_.size() < cells) grid_.assign(cells, pad_index);  // all pad_index between samples
+    const span<const index_t> coords(x.coords);
+    for (size_t b = 0; b + 1 < x.cu.size(); ++b) {
+      const span<const index_t> sample = coords.subspan(x.cu[b], x.cu[b + 1] - x.cu[b]);
+      if (status e = detail::neighbors_one(x.side, x.side, 3, sample, x.cu[b], grid_, out); e != status::success)
+        return e;
+    }
+    return status::success;
   }
 
   status blocks(index_t side, index_t s, span<const index_t> cu, span<const index_t> coords, block_table& out) const {
@@ -277,35 +292,13 @@ class twins_planner {
   status lsa(index_t window, index_t channels, const encoder_plan_options& opt, planner<flops_cost>& pl,
              stage_state& x, encoder_partition& out) {
     const window_geometry g{x.side, x.side, window, 0};
-    window_list wl;
-    status e = per_sample_ ? build_windows_per_sample(g, span<const index_t>(x.cu), span<const index_t>(x.coords), wl)
-                           : build_windows(g, span<const index_t>(x.coords), wl);
-    if (e != status::success) return e;
+    if (!g.valid()) return status::invalid_argument;
     if (pl.cost_model().channels != channels) pl = planner<flops_cost>(flops_cost{channels});
-    planner_options po;
-    po.strat = opt.strat;
-    po.group_size = opt.window_area_groups ? window * window : opt.group_size;
-    po.max_group_size = opt.max_group_size;
-    const bool sweeps = (opt.strat == strategy::fast || opt.strat == strategy::paper) && po.group_size == 0;
-    if (po.max_group_size == 0 && opt.stage_cap && sweeps) po.max_group_size = opt.stage_cap(window);
-    const std::vector<index_t> sizes = wl.sizes();
-    plan p;
-    const auto t0 = std::chrono::steady_clock::now();
-    if ((e = pl.run(span<const index_t>(sizes), po, p)) != status::success) return e;
-    out.plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    if ((e = build_partition(p, wl, x.part)) != status::success) return e;
-    out.group_size = x.part.group_size;
-    out.num_groups = x.part.num_groups;
-    out.num_windows = wl.num_windows();
-    out.window = window;
-    out.shift = 0;
-    out.budget_exhausted = p.budget_exhausted;
-    out.cost = p.cost;
-    out.lower_bound = p.lower_bound;
-    out.gather = take(static_cast<std::int64_t>(x.part.gather.size()));
-    out.scatter = take(static_cast<std::int64_t>(x.part.scatter.size()));
-    out.slot_window = take(static_cast<std::int64_t>(x.part.slot_window.size()));
-    out.slot_coord = take(static_cast<std::int64_t>(x.part.slot_coord.size()));
+    if (status e = x.part.build(g, M_, x.coords.data(), x.cu.data(), pl, opt, out); e != status::success) return e;
+    out.gather = take(x.part.slots());
+    out.scatter = take(x.cu.back());
+    out.slot_window = take(x.part.slots());
+    out.slot_coord = take(x.part.slots());
     return status::success;
   }
 
@@ -340,6 +333,7 @@ class twins_planner {
   twins_plan layout_;
   std::vector<stage_state> st_;
   std::vector<planner<flops_cost>> planners_;
+  mutable std::vector<index_t> grid_;  //!< write's scratch: a stage grid of token ids, pad_index between uses
 };
 
 }  // namespace greenmim
