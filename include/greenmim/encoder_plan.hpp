@@ -88,11 +88,21 @@ namespace detail {
 //! within a sample); the token axis is the samples' tokens, sample-major.
 class window_partitioner {
  public:
+  //! Scratch of `build`, shared by a planner's partitioners (one stays hot in cache).
+  struct scratch {
+    std::vector<index_t> row, col, wid, sizes, cursor;
+  };
+
   //! Plans the windows of geometry `g` over `M` samples into `out` (every field but the arena
   //! ranges, which the caller takes: slots() entries for gather, slot_window and slot_coord, N for
   //! scatter). Fails with overflow, or the planner's statuses.
   status build(const window_geometry& g, index_t M, const index_t* coords, const index_t* cu, planner<flops_cost>& pl,
-               const encoder_plan_options& opt, encoder_partition& out) {
+               const encoder_plan_options& opt, scratch& sc, encoder_partition& out) {
+    std::vector<index_t>& row_ = sc.row;
+    std::vector<index_t>& col_ = sc.col;
+    std::vector<index_t>& wid_ = sc.wid;
+    std::vector<index_t>& sizes_ = sc.sizes;
+    std::vector<index_t>& cursor_ = sc.cursor;
     const index_t H = g.height, off = g.offset(), nww = g.windows_w(), nwps = g.num_windows();
     const std::int64_t nw64 = static_cast<std::int64_t>(M) * nwps;
     if (nw64 > (std::int64_t{1} << 30)) return status::overflow;
@@ -176,7 +186,6 @@ class window_partitioner {
  private:
   std::vector<index_t> offsets_, tokens_;  // windows in CSR form, tokens ascending within one
   greenmim::plan groups_;
-  std::vector<index_t> row_, col_, wid_, sizes_, cursor_;  // scratch
 };
 
 }  // namespace detail
@@ -234,8 +243,8 @@ class encoder_planner {
           continue;
         }
         detail::window_partitioner& wp = x.part[k];
-        if (status e = wp.build(g, M_, x.coords.data(), x.cu.data(), planners_[s], opt, o.part[k]); e != status::success)
-          return e;
+        const status e = wp.build(g, M_, x.coords.data(), x.cu.data(), planners_[s], opt, scratch_, o.part[k]);
+        if (e != status::success) return e;
         o.part[k].gather = take(wp.slots());
         o.part[k].scatter = take(x.n);
         o.part[k].slot_window = take(wp.slots());
@@ -395,6 +404,7 @@ class encoder_planner {
   std::vector<stage_state> st_;
   std::vector<planner<flops_cost>> planners_;
   std::vector<index_t> runs_, index_of_;
+  detail::window_partitioner::scratch scratch_;
 };
 
 }  // namespace greenmim

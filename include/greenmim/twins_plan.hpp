@@ -294,7 +294,8 @@ class twins_planner {
     const window_geometry g{x.side, x.side, window, 0};
     if (!g.valid()) return status::invalid_argument;
     if (pl.cost_model().channels != channels) pl = planner<flops_cost>(flops_cost{channels});
-    if (status e = x.part.build(g, M_, x.coords.data(), x.cu.data(), pl, opt, out); e != status::success) return e;
+    const status e = x.part.build(g, M_, x.coords.data(), x.cu.data(), pl, opt, scratch_, out);
+    if (e != status::success) return e;
     out.gather = take(x.part.slots());
     out.scatter = take(x.cu.back());
     out.slot_window = take(x.part.slots());
@@ -333,6 +334,7 @@ class twins_planner {
   twins_plan layout_;
   std::vector<stage_state> st_;
   std::vector<planner<flops_cost>> planners_;
+  detail::window_partitioner::scratch scratch_;
   mutable std::vector<index_t> grid_;  //!< write's scratch: a stage grid of token ids, pad_index between uses
 };
 
