@@ -196,6 +196,10 @@ for gm_model in swin_base_patch4_window7_224 swin_large_patch4_window7_224 twins
   # the whole pretraining models (GreenMIM vs SimMIM with their decoders and losses)
   py_step "train step full ${gm_model%%_patch*}" "$GM_LOG/train_step.log" bench/gpu/train_step.py --model "$gm_model" \
     --batch "$BATCH" --full --no-breakdown --csv "$GM_LOG/train_step_full_${gm_model%%_patch*}.csv"
+  # the same with the trainer's plan pipeline: planned and pinned ahead, copied asynchronously
+  py_step "train step full ${gm_model%%_patch*} (plans loader)" "$GM_LOG/train_step.log" bench/gpu/train_step.py \
+    --model "$gm_model" --batch "$BATCH" --full --no-breakdown --plans loader \
+    --csv "$GM_LOG/train_step_full_loader_${gm_model%%_patch*}.csv"
 done
 # greenmim.pretrain on CUDA: 30 steps of the nano model (bf16, pinned plans from 4 workers), per-sample
 # masks, then the same compiled (one graph expected: its last line says how many), then fp16 with

@@ -41,12 +41,13 @@ def test_train_step_rejects_unknown_rows():
 
 
 def test_train_step_full_models_rows():
-    """--full: whole models (SimMIM's linear decoder and L1; GreenMIM's decoder and loss)."""
+    """--full: whole models (SimMIM's linear decoder and L1; GreenMIM's decoder and loss), with the
+    trainer's plan pipeline (--plans loader: planned before the timed steps, copied in the step)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    out = subprocess.run([sys.executable, str(ROOT / "bench/gpu/train_step.py"), "--toy", "--full", "--no-breakdown"],
-                         capture_output=True, text=True, env=env, timeout=900)
+    out = subprocess.run([sys.executable, str(ROOT / "bench/gpu/train_step.py"), "--toy", "--full", "--no-breakdown",
+                          "--plans", "loader"], capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "train step (whole models): toy" in out.stdout
+    assert "train step (whole models): toy" in out.stdout and "plans loader" in out.stdout
     for row in ("simmim", "greenmim", "per-sample", "released"):
         assert f"| {row} |" in out.stdout
 
