@@ -25,6 +25,7 @@ sets as targets, and a per-stage breakdown like the paper's appendix table.
     python bench/gpu/train_step.py --cpu          # the --full rows for a toy Swin on this CPU
     python bench/gpu/train_step.py --cpu --model toy-twins     # ... for a toy Twins
     python bench/gpu/train_step.py --toy          # CPU, tiny model, 1 step: the CI smoke run
+    python bench/gpu/train_step.py --full --rows greenmim --trace traces/   # + torch.profiler trace
 """
 from __future__ import annotations
 
@@ -221,10 +222,32 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
         step()
         times.append((clock() - t0) * 1e3)
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
+    if args.trace and ready is None:
+        trace_steps(step, row, args, device)
     del model, opt
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return dict(row=row, ms=statistics.median(times), ms_min=min(times), peak_gib=peak, steps=args.steps)
+
+
+def trace_steps(step, row: str, args, device) -> None:
+    """Three more steps under torch.profiler: a Chrome trace in args.trace, and the ops that cost
+    the most host time and device time printed (where a step waits: the host or the GPU)."""
+    import os
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(3):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    os.makedirs(args.trace, exist_ok=True)
+    path = os.path.join(args.trace, f"trace_{args.model}_{row}.json")
+    prof.export_chrome_trace(path)
+    print(f"\n## {row}: 3 steps under torch.profiler (Chrome trace {path})")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
+    if device.type == "cuda":
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=60))
 
 
 def _time(fn, clock, reps):
@@ -294,6 +317,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", default=None, help="also write the rows here")
     ap.add_argument("--no-breakdown", action="store_true")
+    ap.add_argument("--trace", default=None, metavar="DIR",
+                    help="also run 3 steps of each row under torch.profiler: a Chrome trace per row in DIR, and the "
+                         "ops with the most host and device time (--plans inline)")
     ap.add_argument("--plans", choices=("inline", "loader"), default="inline",
                     help="inline: each step draws and plans its mask; loader: planned and pinned before the timed "
                          "steps, copied asynchronously in the step (greenmim.pretrain's pipeline)")

@@ -52,15 +52,19 @@ def test_train_step_full_models_rows():
         assert f"| {row} |" in out.stdout
 
 
-def test_train_step_toy_twins_rows():
-    """--model twins_svt_large --toy: the Twins rows (timm's Twins with a mask token; ours)."""
+def test_train_step_toy_twins_rows(tmp_path):
+    """--model twins_svt_large --toy: the Twins rows (timm's Twins with a mask token; ours), with
+    --trace: a Chrome trace per row and the profiler's tables."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, str(ROOT / "bench/gpu/train_step.py"), "--toy", "--full", "--model",
-                          "twins_svt_large"], capture_output=True, text=True, env=env, timeout=900)
+                          "twins_svt_large", "--trace", str(tmp_path)], capture_output=True, text=True, env=env,
+                         timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "train step (whole models): toy-twins, batch 2, 224 px" in out.stdout
     for row in ("simmim", "greenmim", "per-sample", "released"):
         assert f"| {row} |" in out.stdout
+        assert (tmp_path / f"trace_toy-twins_{row}.json").stat().st_size > 0
+    assert out.stdout.count("under torch.profiler") == 4
 
 
 def test_simmim_twins_without_masking_is_timms_twins():
