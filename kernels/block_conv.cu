@@ -229,11 +229,13 @@ cudaError_t check_block_args(const gm_block_conv_args* a, bool backward) {
   return cudaSuccess;
 }
 
-//! op's GEMM split as gemm_split_for says; `workspace` holds its partials when it splits.
+//! op's GEMM split as gemm_split_for(M, split_n, K) says (split_n: the N the split is computed
+//! for, >= op.N; the dweight GEMM passes P * C_in + 1 whichever gradients are requested, so
+//! dweight's bits do not depend on whether dbias is wanted); `workspace` holds the partials.
 template <class Op>
-cudaError_t launch_gemm(const Op& op, float* workspace, cudaStream_t stream) {
+cudaError_t launch_gemm(const Op& op, float* workspace, cudaStream_t stream, std::int64_t split_n = 0) {
   if (op.M == 0 || op.N == 0) return cudaSuccess;
-  const gemm_split sp = gemm_split_for(op.M, op.N, op.K);
+  const gemm_split sp = gemm_split_for(op.M, split_n > op.N ? split_n : op.N, op.K);
   const dim3 grid(static_cast<unsigned>((op.N + k_bn - 1) / k_bn), static_cast<unsigned>((op.M + k_bm - 1) / k_bm),
                   static_cast<unsigned>(sp.splits));
   float* partial = sp.splits > 1 ? workspace : nullptr;
@@ -250,6 +252,8 @@ struct block_gemms {
   std::int64_t dw_cols(const gm_block_conv_args* a) const {
     return (a->dweight ? P * cin : 0) + (a->dbias ? 1 : 0);
   }
+  //! The N the dweight GEMM's split is computed for: all columns, whichever are requested.
+  std::int64_t dw_split_n() const { return P * cin + 1; }
 };
 
 block_gemms gemm_shapes(const gm_block_conv_args* a, const gm_tensor& out) {
@@ -270,8 +274,8 @@ std::size_t block_fwd_workspace_bytes(const gm_block_conv_args* a) {
 std::size_t block_bwd_workspace_bytes(const gm_block_conv_args* a) {
   const block_gemms s = gemm_shapes(a, a->dy);
   const std::int64_t dx = gemm_split_for(s.rows, s.P * s.cin, s.cout).partial_floats(s.rows, s.P * s.cin);
-  const std::int64_t cols = s.dw_cols(a);
-  const std::int64_t dw = gemm_split_for(s.cout, cols, s.rows).partial_floats(s.cout, cols);
+  const std::int64_t cols = s.dw_split_n();  // an upper bound of the requested columns
+  const std::int64_t dw = (a->dweight || a->dbias) ? gemm_split_for(s.cout, cols, s.rows).partial_floats(s.cout, cols) : 0;
   return static_cast<std::size_t>(dx > dw ? dx : dw) * sizeof(float);
 }
 
@@ -347,7 +351,7 @@ cudaError_t run_block_bwd(const gm_block_conv_args* a, float* workspace, cudaStr
     if (a->dbias && g.cout > 0) GM_TRY(cudaMemsetAsync(a->dbias, 0, static_cast<std::size_t>(g.cout) * sizeof(float), stream));
     return cudaSuccess;
   }
-  GM_TRY(launch_gemm(dw, workspace, stream));
+  GM_TRY(launch_gemm(dw, workspace, stream, gemm_shapes(a, a->dy).dw_split_n()));
   return cudaSuccess;
 }
 

@@ -194,8 +194,10 @@ __global__ void __launch_bounds__(k_dw_threads) dw_grad_partial(const dw_grad_pa
   const int gl = static_cast<int>(threadIdx.x) % gb, r = static_cast<int>(threadIdx.x) / gb;
   const int g = static_cast<int>(blockIdx.x) * gb + gl, c0 = g * V;
   const int tile = static_cast<int>(blockIdx.y), chunk = static_cast<int>(blockIdx.z);
-  const int t0 = tile * p.split.tile, t1 = t0 + p.split.tile < p.tokens ? t0 + p.split.tile : p.tokens;
-  const int b0 = chunk * p.split.chunk, b1 = b0 + p.split.chunk < p.batch ? b0 + p.split.chunk : p.batch;
+  const std::int64_t t_end = static_cast<std::int64_t>(tile + 1) * p.split.tile;   // int64: no wrap near 2^31
+  const std::int64_t b_end = static_cast<std::int64_t>(chunk + 1) * p.split.chunk;
+  const int t0 = tile * p.split.tile, t1 = t_end < p.tokens ? static_cast<int>(t_end) : p.tokens;
+  const int b0 = chunk * p.split.chunk, b1 = b_end < p.batch ? static_cast<int>(b_end) : p.batch;
   const T* x = static_cast<const T*>(p.x);
   const T* dy = static_cast<const T*>(p.dy);
   float acc[K];
@@ -357,7 +359,9 @@ cudaError_t run_dw_bwd(const gm_depthwise_conv_args* a, void* workspace, cudaStr
   g.channels = C;
   g.split = dw_grad_split_for(N, B, C);
   const int groups = vec ? C / 2 : C;  // V = 2 where the forward vectorizes (rows 16-byte aligned, C % 8 == 0)
-  g.gb = dw_block_groups(groups);
+  // groups per block from C alone, not from V: the token rows per block (256 / gb) set the order of
+  // the sums, which must not depend on the inputs' alignment
+  g.gb = dw_block_groups((C + 1) / 2);
   const dim3 grid(static_cast<unsigned>((groups + g.gb - 1) / g.gb), static_cast<unsigned>(g.split.tiles),
                   static_cast<unsigned>(g.split.chunks));
   if (vec)

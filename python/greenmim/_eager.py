@@ -4,16 +4,17 @@ ops, called without the dispatcher when nothing needs it.
 Each op is a ``torch.library.custom_op`` (ops.py, conv_ops.py), which is what ``torch.compile``,
 fake tensors, ``FlopCounterMode``, ``torch.func`` and tensor subclasses (FSDP2's DTensor) see.
 A custom op call costs its dispatch, though: on the CPU that trains next to a GPU, a
-partition + attention + unpartition block spent about 0.9 ms of host time in it, forward only,
+partition + attention + unpartition block spent about 0.65 ms of host time in it, forward only,
 against a few microseconds for a plain torch op (``bench/op_overhead.py``). That was more than the
 kernels' time at Swin-B's and Twins-L's shapes (docs/perf/NVIDIA_H200_2026-11-26).
 
 :func:`call` therefore runs an op's implementation directly, with its registered autograd as a
-``torch.autograd.Function``. It does so only in plain eager mode: not while compiling, with no
-dispatch or function mode active (FlopCounterMode, FakeTensorMode, ...), no functorch transform,
-and plain tensors or parameters only. Anything else goes through ``torch.ops.greenmim``, as
-before. A backward op (no autograd of its own) runs directly only when grad mode is off (a
-normal backward), so a double backward still reaches the custom op and its error. Both paths run
+``torch.autograd.Function``. It does so only in plain eager mode: not while compiling or
+tracing (jit, FX), with no dispatch or function mode active (FlopCounterMode, FakeTensorMode,
+...), no functorch transform, and plain tensors or parameters only. Anything else goes through
+``torch.ops.greenmim``, as before. A backward op (no autograd of its own) runs directly only when
+grad mode is off (a normal backward), so a double backward still reaches the custom op and its
+error. Both paths run
 the same code, so they agree bit for bit (tests/test_ops.py). ``GREENMIM_EAGER_DISPATCH=1`` in
 the environment sends every call through the dispatcher (an A/B switch for benchmarks, and an
 escape hatch).
@@ -22,17 +23,26 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from typing import Callable, Dict
 
 import torch
+import torch.fx._symbolic_trace as _fx
 
 LIB = "greenmim"
 
 _impls: Dict[str, Callable] = {}                          # op name -> its Python implementation
 _functions: Dict[str, type] = {}                          # forward op name -> autograd.Function
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_state = threading.local()
+
+
+class _State:
+    """Process-wide, not per thread: backward ops run on autograd's device threads."""
+    off = False
+    calls = 0
+
+
+_state = _State()
+_fx_tracing = getattr(_fx, "is_fx_symbolic_tracing", None) or (lambda: getattr(_fx, "_is_fx_tracing_flag", False))
 _ALWAYS_DISPATCH = os.environ.get("GREENMIM_EAGER_DISPATCH", "0") not in ("", "0")
 
 
@@ -68,8 +78,9 @@ def register_autograd(name: str, backward: Callable, setup_context: Callable) ->
 
 @contextlib.contextmanager
 def disabled():
-    """Within this context every op goes through ``torch.ops.greenmim`` (tests compare the paths)."""
-    old = getattr(_state, "off", False)
+    """Within this context every op goes through ``torch.ops.greenmim``, in every thread (tests and
+    benchmarks compare the paths; backward ops run on autograd's threads)."""
+    old = _state.off
     _state.off = True
     try:
         yield
@@ -78,22 +89,26 @@ def disabled():
 
 
 def fast_calls() -> int:
-    """How many calls took the fast path on this thread (tests check that eager code takes it)."""
-    return getattr(_state, "calls", 0)
+    """How many calls took the fast path in this process (tests check that eager code takes it)."""
+    return _state.calls
 
 
 def _eager_only() -> bool:
-    if torch.compiler.is_compiling() or _ALWAYS_DISPATCH or getattr(_state, "off", False):
+    if torch.compiler.is_compiling() or _ALWAYS_DISPATCH or _state.off:
         return False
     return not (torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
-                or torch._C._are_functorch_transforms_active())
+                or torch._C._are_functorch_transforms_active() or torch.jit.is_tracing() or _fx_tracing())
 
 
 def call(name: str, *args):
-    """``torch.ops.greenmim.<name>(*args)``, or its implementation directly where that is the same."""
-    if _eager_only() and all(type(a) in _PLAIN for a in args if isinstance(a, torch.Tensor)):
+    """``torch.ops.greenmim.<name>(*args)``, or its implementation directly where that is the same:
+    every tensor argument, and those in list arguments, a plain tensor or parameter (the first
+    argument, the features, must be one: an FX proxy is not)."""
+    if (type(args[0]) in _PLAIN and _eager_only()
+            and all(type(t) in _PLAIN for a in args for t in (a if isinstance(a, list) else (a,))
+                    if isinstance(t, torch.Tensor))):
         f = _functions.get(name)
         if f is not None or not torch.is_grad_enabled():
-            _state.calls = getattr(_state, "calls", 0) + 1
+            _state.calls += 1
             return f.apply(*args) if f is not None else _impls[name](*args)
     return getattr(torch.ops.greenmim, name)(*args)

@@ -275,3 +275,18 @@ def test_eager_dispatch_switch_sends_every_call_through_the_dispatcher():
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == want, (value, out.stdout, out.stderr)
+
+
+def test_eager_fast_path_steps_aside_under_jit_trace():
+    """torch.jit.trace must record the custom op, not run its implementation inline."""
+    import warnings
+    from greenmim import _eager
+    part, q, k, v, bias = _case(dtype=torch.float32)
+    x = torch.randn(q.shape[0], q.shape[1], 8)
+    before = _eager.fast_calls()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(lambda t: greenmim.partition_tokens(t, part), (x,), check_trace=False)
+    assert _eager.fast_calls() == before
+    assert "greenmim::partition" in str(traced.graph)
+    assert torch.equal(traced(x), greenmim.partition_tokens(x, part))

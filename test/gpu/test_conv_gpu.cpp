@@ -247,6 +247,64 @@ TEST_CASE("gpu depthwise conv (PEG): fwd and bwd vs the CPU reference, vector an
   depthwise_case("shared mask, B 9, C 40 (scalar)", cu3, c3, 16, 9, 40, GM_FLOAT32, false, rng);
 }
 
+//! dweight and dbias of the depthwise backward with x and dy at `offset` elements into their
+//! buffers (an offset of 1 makes the rows miss 16-byte alignment: the scalar path).
+std::vector<bytes> depthwise_grads_at(const std::vector<index_t>& cu, const std::vector<index_t>& coords, index_t grid,
+                                      std::int64_t B, std::int64_t C, gm_dtype dt, const htensor& hx,
+                                      const htensor& hdy, const std::vector<float>& w, std::int64_t offset) {
+  greenmim::neighbor_table t;
+  greenmim::check(greenmim::build_neighbor_table_per_sample(grid, grid, 3, span<const index_t>(cu),
+                                                            span<const index_t>(coords), t));
+  const std::int64_t N = t.num_tokens;
+  const std::size_t es = gm_dtype_size(dt), n = static_cast<std::size_t>(B * N * C);
+  dbuf<unsigned char> x((n + 8) * es), dy((n + 8) * es), dx((n + 8) * es);
+  const std::vector<unsigned char> xb = hx.bytes, dyb = hdy.bytes;
+  std::vector<unsigned char> xs((n + 8) * es, 0), dys((n + 8) * es, 0);
+  std::memcpy(xs.data() + offset * es, xb.data(), n * es);
+  std::memcpy(dys.data() + offset * es, dyb.data(), n * es);
+  x.upload(xs);
+  dy.upload(dys);
+  dbuf<index_t> nbr = to_device(t.nbr);
+  dbuf<float> wd = to_device(w), dweight(static_cast<std::size_t>(C) * 9), dbias(static_cast<std::size_t>(C));
+  gm_depthwise_conv_args a{};
+  a.dtype = dt;
+  a.x = make_tensor(x.p + offset * es, {B, N, C}, {N * C, C, 1});
+  a.dy = make_tensor(dy.p + offset * es, {B, N, C}, {N * C, C, 1});
+  a.dx = make_tensor(dx.p + offset * es, {B, N, C}, {N * C, C, 1});
+  a.nbr = nbr.p;
+  a.kernel = 3;
+  a.weight = wd.p;
+  a.dweight = dweight.p;
+  a.dbias = dbias.p;
+  a.residual = 1;
+  std::size_t ws_bytes = 0;
+  GM_CHECK_CUDA(gm_depthwise_conv_bwd_workspace_size(&a, &ws_bytes));
+  dbuf<unsigned char> ws(ws_bytes);
+  GM_CHECK_CUDA(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr));
+  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  return {float_bytes(dweight.download()), float_bytes(dbias.download())};
+}
+
+TEST_CASE("gpu depthwise conv: dweight and dbias bits do not depend on the inputs' alignment") {
+  GM_SKIP_WITHOUT_DEVICE();
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed << " (GM_TEST_SEED)");
+  std::mt19937_64 rng(seed);
+  const auto c = unit_mask_coords(rng, 16, 2, 0.4);
+  const std::vector<index_t> cu{0, static_cast<index_t>(c.size())};
+  for (std::int64_t C : {8, 16, 32, 64}) {  // below 64 channels the vector and scalar paths once cut rows differently
+    INFO("C " << C);
+    const std::int64_t B = 10, n = B * static_cast<std::int64_t>(c.size()) * C;
+    const htensor hx = random_htensor(GM_BFLOAT16, static_cast<std::size_t>(n), rng);
+    const htensor hdy = random_htensor(GM_BFLOAT16, static_cast<std::size_t>(n), rng);
+    const auto w = random_floats(static_cast<std::size_t>(C) * 9, rng);
+    const auto aligned = depthwise_grads_at(cu, c, 16, B, C, GM_BFLOAT16, hx, hdy, w, 0);
+    const auto offset = depthwise_grads_at(cu, c, 16, B, C, GM_BFLOAT16, hx, hdy, w, 1);
+    CHECK(aligned[0] == offset[0]);
+    CHECK(aligned[1] == offset[1]);
+  }
+}
+
 TEST_CASE("depthwise backward (host): the cut of the dweight reduction") {
   using greenmim::detail::cuda::dw_grad_split_for;
   std::mt19937_64 rng(fresh_seed());
@@ -305,6 +363,45 @@ TEST_CASE("gpu block conv (kernel = stride): fwd and bwd vs the CPU reference") 
   block_case("split dweight s 4", cu, c, 16, 4, 40, 8, 24, GM_FLOAT16, rng);
   block_case("split, dweight alone", cu, c, 16, 4, 40, 8, 24, GM_FLOAT32, rng, 1);
   block_case("split, dbias alone", cu, c, 16, 4, 40, 8, 24, GM_BFLOAT16, rng, 2);
+#if !defined(GREENMIM_CUDA_EMULATION)
+  // dweight's bits must not depend on whether dbias is requested, nor dbias's on dweight: at this
+  // shape (C_out 512, s*s*C_in 64, 8,192+ rows) a split computed from the requested columns alone
+  // would differ (8 column tiles against 16). ~0.3 GFLOP a run: on a device only.
+  {
+    greenmim::block_table bt;
+    greenmim::check(greenmim::build_block_table_per_sample(16, 16, 4, span<const index_t>(cu), span<const index_t>(c), bt));
+    const std::int64_t B = (8192 + bt.num_outputs() - 1) / bt.num_outputs() + 1, N = bt.num_inputs, Nn = bt.num_outputs();
+    const std::int64_t Ci = 4, Co = 512;
+    const htensor hx = random_htensor(GM_BFLOAT16, static_cast<std::size_t>(B * N * Ci), rng);
+    const htensor hdy = random_htensor(GM_BFLOAT16, static_cast<std::size_t>(B * Nn * Co), rng);
+    const auto w = random_floats(static_cast<std::size_t>(Co * Ci * 16), rng);
+    dbuf<unsigned char> x = to_device(hx), dy = to_device(hdy), dx(static_cast<std::size_t>(B * N * Ci) * 2);
+    dbuf<index_t> gather = to_device(bt.gather);
+    dbuf<float> wd = to_device(w);
+    std::vector<bytes> got[3];
+    for (int grads = 0; grads < 3; ++grads) {
+      dbuf<float> dweight(w.size()), dbias(static_cast<std::size_t>(Co));
+      gm_block_conv_args a{};
+      a.dtype = GM_BFLOAT16;
+      a.x = make_tensor(x.p, {B, N, Ci}, {N * Ci, Ci, 1});
+      a.dy = make_tensor(dy.p, {B, Nn, Co}, {Nn * Co, Co, 1});
+      a.dx = make_tensor(dx.p, {B, N, Ci}, {N * Ci, Ci, 1});
+      a.gather = gather.p;
+      a.stride = 4;
+      a.weight = wd.p;
+      a.dweight = grads == 2 ? nullptr : dweight.p;
+      a.dbias = grads == 1 ? nullptr : dbias.p;
+      std::size_t ws_bytes = 0;
+      GM_CHECK_CUDA(gm_block_conv_bwd_workspace_size(&a, &ws_bytes));
+      dbuf<unsigned char> ws(ws_bytes);
+      GM_CHECK_CUDA(gm_block_conv_bwd(&a, ws.p, ws_bytes, nullptr));
+      GM_CHECK_CUDA(cudaDeviceSynchronize());
+      got[grads] = {float_bytes(dweight.download()), float_bytes(dbias.download())};
+    }
+    CHECK(got[0][0] == got[1][0]);  // dweight with and without dbias
+    CHECK(got[0][1] == got[2][1]);  // dbias with and without dweight
+  }
+#endif
 }
 
 TEST_CASE("block conv (host): the split of its GEMMs") {
