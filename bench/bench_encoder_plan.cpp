@@ -30,39 +30,16 @@ std::vector<std::vector<std::uint8_t>> unit_masks(index_t batch, int count) {
   return out;
 }
 
-void BM_encoder_plan(benchmark::State& st) {
+//! prepare + write of `Planner` (encoder_planner, twins_planner) for geometry `geo`; range(0) is
+//! 0 for one shared mask, B > 0 for a per-sample batch of B.
+template <class Planner, class Layout, class Geometry>
+void plan_loop(benchmark::State& st, const Geometry& geo) {
   const index_t batch = static_cast<index_t>(st.range(0));
   const bool per_sample = batch > 0;
   const index_t M = per_sample ? batch : 1;
   const auto masks = unit_masks(M, 8);
-  const encoder_geometry geo{56, 7, 4, 128};
-  encoder_planner planner;
-  encoder_plan layout;
-  std::vector<index_t> arena;
-  size_t i = 0;
-  for (auto _ : st) {
-    const auto& m = masks[i++ % masks.size()];
-    if (planner.prepare(span<const std::uint8_t>(m), M, 7, 7, per_sample, geo, {}, layout) != status::success) {
-      st.SkipWithError("prepare failed");
-      break;
-    }
-    if (arena.size() < static_cast<size_t>(planner.arena_size())) arena.resize(static_cast<size_t>(planner.arena_size()));
-    planner.write(arena.data());
-    benchmark::DoNotOptimize(arena.data());
-  }
-  st.counters["arena_entries"] = static_cast<double>(planner.arena_size());
-  st.counters["images/s"] = benchmark::Counter(static_cast<double>(per_sample ? batch : 1) * st.iterations(),
-                                               benchmark::Counter::kIsRate);
-}
-
-void BM_twins_plan(benchmark::State& st) {
-  const index_t batch = static_cast<index_t>(st.range(0));
-  const bool per_sample = batch > 0;
-  const index_t M = per_sample ? batch : 1;
-  const auto masks = unit_masks(M, 8);
-  const twins_geometry geo;  // Twins-L at 224 px
-  twins_planner planner;
-  twins_plan layout;
+  Planner planner;
+  Layout layout;
   std::vector<index_t> arena;
   size_t i = 0;
   for (auto _ : st) {
@@ -77,6 +54,14 @@ void BM_twins_plan(benchmark::State& st) {
   }
   st.counters["arena_entries"] = static_cast<double>(planner.arena_size());
   st.counters["images/s"] = benchmark::Counter(static_cast<double>(M) * st.iterations(), benchmark::Counter::kIsRate);
+}
+
+void BM_encoder_plan(benchmark::State& st) {
+  plan_loop<encoder_planner, encoder_plan>(st, encoder_geometry{56, 7, 4, 128});  // Swin-B at 224 px
+}
+
+void BM_twins_plan(benchmark::State& st) {
+  plan_loop<twins_planner, twins_plan>(st, twins_geometry{});  // Twins-L at 224 px
 }
 
 }  // namespace
