@@ -333,6 +333,7 @@ cudaError_t run_block_bwd(const gm_block_conv_args* a, float* workspace, cudaStr
   dx.K = g.cout;
   GM_TRY(launch_gemm(dx, workspace, stream));
   if (!a->dweight && !a->dbias) return cudaSuccess;
+  const block_gemms shapes = gemm_shapes(a, a->dy);
   bc_dw_op<T> dw;
   dw.g = g;
   dw.x = static_cast<const T*>(a->x.data);
@@ -343,7 +344,7 @@ cudaError_t run_block_bwd(const gm_block_conv_args* a, float* workspace, cudaStr
   dw.dy_s0 = a->dy.stride[0]; dw.dy_s1 = a->dy.stride[1];
   dw.jbase = a->dweight ? 0 : g.P * g.cin;
   dw.M = g.cout;
-  dw.N = static_cast<int>(gemm_shapes(a, a->dy).dw_cols(a));
+  dw.N = static_cast<int>(shapes.dw_cols(a));
   dw.K = g.batch * g.n_next;
   if (dw.K == 0) {  // no rows: zero gradients
     if (a->dweight && g.cout > 0 && g.P * g.cin > 0)
@@ -351,7 +352,7 @@ cudaError_t run_block_bwd(const gm_block_conv_args* a, float* workspace, cudaStr
     if (a->dbias && g.cout > 0) GM_TRY(cudaMemsetAsync(a->dbias, 0, static_cast<std::size_t>(g.cout) * sizeof(float), stream));
     return cudaSuccess;
   }
-  GM_TRY(launch_gemm(dw, workspace, stream, gemm_shapes(a, a->dy).dw_split_n()));
+  GM_TRY(launch_gemm(dw, workspace, stream, shapes.dw_split_n()));
   return cudaSuccess;
 }
 

@@ -98,36 +98,31 @@ class window_partitioner {
   //! scatter). Fails with overflow, or the planner's statuses.
   status build(const window_geometry& g, index_t M, const index_t* coords, const index_t* cu, planner<flops_cost>& pl,
                const encoder_plan_options& opt, scratch& sc, encoder_partition& out) {
-    std::vector<index_t>& row_ = sc.row;
-    std::vector<index_t>& col_ = sc.col;
-    std::vector<index_t>& wid_ = sc.wid;
-    std::vector<index_t>& sizes_ = sc.sizes;
-    std::vector<index_t>& cursor_ = sc.cursor;
     const index_t H = g.height, off = g.offset(), nww = g.windows_w(), nwps = g.num_windows();
     const std::int64_t nw64 = static_cast<std::int64_t>(M) * nwps;
     if (nw64 > (std::int64_t{1} << 30)) return status::overflow;
     const index_t nw = static_cast<index_t>(nw64), N = cu[M];
-    row_.resize(static_cast<size_t>(H));
-    col_.resize(static_cast<size_t>(H));
+    sc.row.resize(static_cast<size_t>(H));
+    sc.col.resize(static_cast<size_t>(H));
     for (index_t i = 0; i < H; ++i) {
-      row_[static_cast<size_t>(i)] = ((i + off) / g.window) * nww;
-      col_[static_cast<size_t>(i)] = (i + off) / g.window;
+      sc.row[static_cast<size_t>(i)] = ((i + off) / g.window) * nww;
+      sc.col[static_cast<size_t>(i)] = (i + off) / g.window;
     }
-    wid_.resize(static_cast<size_t>(N));
-    sizes_.assign(static_cast<size_t>(nw), 0);
+    sc.wid.resize(static_cast<size_t>(N));
+    sc.sizes.assign(static_cast<size_t>(nw), 0);
     for (index_t b = 0; b < M; ++b)
       for (index_t t = cu[b]; t < cu[b + 1]; ++t) {
         const index_t c = coords[t];
-        const index_t w = b * nwps + row_[static_cast<size_t>(coord_h(c))] + col_[static_cast<size_t>(coord_w(c))];
-        wid_[static_cast<size_t>(t)] = w;
-        ++sizes_[static_cast<size_t>(w)];
+        const index_t w = b * nwps + sc.row[static_cast<size_t>(coord_h(c))] + sc.col[static_cast<size_t>(coord_w(c))];
+        sc.wid[static_cast<size_t>(t)] = w;
+        ++sc.sizes[static_cast<size_t>(w)];
       }
     offsets_.resize(static_cast<size_t>(nw) + 1);
     offsets_[0] = 0;
-    for (size_t w = 0; w < static_cast<size_t>(nw); ++w) offsets_[w + 1] = offsets_[w] + sizes_[w];
-    cursor_.assign(offsets_.begin(), offsets_.end() - 1);
+    for (size_t w = 0; w < static_cast<size_t>(nw); ++w) offsets_[w + 1] = offsets_[w] + sc.sizes[w];
+    sc.cursor.assign(offsets_.begin(), offsets_.end() - 1);
     tokens_.resize(static_cast<size_t>(N));
-    for (index_t t = 0; t < N; ++t) tokens_[static_cast<size_t>(cursor_[static_cast<size_t>(wid_[static_cast<size_t>(t)])]++)] = t;
+    for (index_t t = 0; t < N; ++t) tokens_[static_cast<size_t>(sc.cursor[static_cast<size_t>(sc.wid[static_cast<size_t>(t)])]++)] = t;
 
     planner_options po;
     po.strat = opt.strat;
@@ -136,7 +131,7 @@ class window_partitioner {
     const bool sweeps = (opt.strat == strategy::fast || opt.strat == strategy::paper) && po.group_size == 0;
     if (po.max_group_size == 0 && opt.stage_cap && sweeps) po.max_group_size = opt.stage_cap(g.window);
     const auto t0 = std::chrono::steady_clock::now();
-    if (status e = pl.run(span<const index_t>(sizes_), po, groups_); e != status::success) return e;
+    if (status e = pl.run(span<const index_t>(sc.sizes), po, groups_); e != status::success) return e;
     out.plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
     const index_t G = groups_.group_size, ng = groups_.num_groups();
     if (static_cast<std::int64_t>(ng) * G > (std::int64_t{1} << 30)) return status::overflow;

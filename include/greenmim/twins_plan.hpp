@@ -115,12 +115,11 @@ class twins_planner {
       const std::vector<index_t>& cu = x.cu;
       const span<const index_t> cus(cu), coords(x.coords);
       if (status e = lsa(geo.windows[s], geo.channels[s], opt, planners_[s], x, o.lsa); e != status::success) return e;
-      status e = status::success;  // the PEG's neighbour table: written straight into the arena by `write`
+      // the PEG's neighbour table needs no preparing: `write` builds it straight into the arena
       const index_t sr = geo.sr_ratios[s];
       x.key_cu = cu;
       if (sr > 1) {
-        e = blocks(x.side, sr, cus, coords, x.keys);
-        if (e != status::success) return e;
+        if (status e = blocks(x.side, sr, cus, coords, x.keys); e != status::success) return e;
         x.key_cu = x.keys.next_cu_seqlens;
         o.key_holes = has_holes(x.keys);
       }
@@ -139,8 +138,7 @@ class twins_planner {
         o.key_gather = take(static_cast<std::int64_t>(M_) * o.max_keys);
       }
       if (s + 1 < S) {
-        e = blocks(x.side, 2, cus, coords, x.embed);
-        if (e != status::success) return e;
+        if (status e = blocks(x.side, 2, cus, coords, x.embed); e != status::success) return e;
         o.embed_holes = has_holes(x.embed);
         o.embed = take(static_cast<std::int64_t>(x.embed.gather.size()));
         stage_state& y = st_[s + 1];

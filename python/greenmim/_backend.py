@@ -59,6 +59,16 @@ def device_buffer(nbytes: int, like: torch.Tensor) -> Tuple[torch.Tensor, int]:
     return buf, (buf.data_ptr() + 255) & ~255
 
 
+def call_with_workspace(lib, fn: str, a, like: torch.Tensor, what: str) -> None:
+    """Calls the kernels' ``fn(args, workspace, bytes, stream)`` with the workspace that
+    ``fn_workspace_size`` asks for (CUB's two-phase temporary storage), on ``like``'s device."""
+    size = ctypes.c_size_t(0)
+    _lib.kernel_check(lib, getattr(lib, fn + "_workspace_size")(ctypes.byref(a), ctypes.byref(size)), what)
+    ws, ws_ptr = device_buffer(size.value, like)
+    _lib.kernel_check(lib, getattr(lib, fn)(ctypes.byref(a), ws_ptr, size.value, _stream(like)), what)
+    del ws   # torch reuses the block only for work queued after this call on the same stream
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """The kernels need a unit-stride last dimension; anything else is copied once."""
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -205,12 +215,7 @@ def attention_bwd(d_o, q, k, v, o, lse, bias, ix: Index, dq, dk, dv, need_dbias:
         lib = _kernel_lib(q)
         a = _args(_lib.BwdArgs, q, t, ix)
         a.algo = _lib.GM_ALGOS[algo]
-        size = ctypes.c_size_t(0)
-        _lib.kernel_check(lib, lib.gm_attention_bwd_workspace_size(ctypes.byref(a), ctypes.byref(size)),
-                          "attention backward")
-        ws, ws_ptr = device_buffer(size.value, q)
-        _lib.kernel_check(lib, lib.gm_attention_bwd(ctypes.byref(a), ws_ptr, size.value, _stream(q)),
-                          "attention backward")
+        call_with_workspace(lib, "gm_attention_bwd", a, q, "attention backward")
     else:
         a = _args(_lib.HostAttentionArgs, q, t, ix)
         _lib.host_check(_lib.host().gmh_attention_bwd(ctypes.byref(a)), "attention backward")

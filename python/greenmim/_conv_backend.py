@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from . import _lib
-from ._backend import _kernel_lib, _rows, _stream, check_dtype, device_buffer, uses_kernels
+from ._backend import _kernel_lib, _rows, _stream, call_with_workspace, check_dtype, uses_kernels
 from ._lib import GreenmimError
 
 
@@ -118,16 +118,6 @@ def depthwise_fwd(x: Tensor, nbr: Tensor, weight: Tensor, bias: Optional[Tensor]
     return y
 
 
-def _with_workspace(lib, fn: str, a, x: Tensor, what: str) -> None:
-    """Calls ``fn(args, workspace, bytes, stream)`` with the workspace ``fn_workspace_size`` asks for
-    (CUB's two-phase temporary storage), allocated on x's device for the call."""
-    size = ctypes.c_size_t(0)
-    _lib.kernel_check(lib, getattr(lib, fn + "_workspace_size")(ctypes.byref(a), ctypes.byref(size)), what)
-    ws, ws_ptr = device_buffer(size.value, x)
-    _lib.kernel_check(lib, getattr(lib, fn)(ctypes.byref(a), ws_ptr, size.value, _stream(x)), what)
-    del ws   # torch reuses the block only for work queued after this call on the same stream
-
-
 def _grads(x: Tensor, weight: Tensor, need_dw: bool, need_db: bool) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     dt = grad_dtype(x)
     dw = torch.zeros(weight.shape, dtype=dt, device=x.device) if need_dw else None
@@ -147,7 +137,7 @@ def depthwise_bwd(dy: Tensor, x: Tensor, nbr: Tensor, weight: Tensor, residual: 
         lib = _kernel_lib(x)
         a = _kernel_args(_lib.DepthwiseConvArgs, _rows(x), w, None, dw9, db, dy=_rows(dy), dx=dx)
         a.nbr, a.kernel, a.residual = nbr.data_ptr(), 3, int(residual)
-        _with_workspace(lib, "gm_depthwise_conv_bwd", a, x, "depthwise conv backward")
+        call_with_workspace(lib, "gm_depthwise_conv_bwd", a, x, "depthwise conv backward")
     else:
         a = _host_args(x, nbr, 3, residual, dy=dy, dx=dx, weight=w, dweight=dw9, dbias=db)
         _lib.host_check(_lib.host().gmh_depthwise_conv_bwd(ctypes.byref(a)), "depthwise conv backward")
@@ -166,7 +156,7 @@ def block_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor])
         lib = _kernel_lib(x)
         a = _kernel_args(_lib.BlockConvArgs, _rows(x), w, b, None, None, y=y)
         a.gather, a.stride = gather.data_ptr(), s
-        _with_workspace(lib, "gm_block_conv_fwd", a, x, "block conv forward")
+        call_with_workspace(lib, "gm_block_conv_fwd", a, x, "block conv forward")
     else:
         a = _host_args(x, gather, s, False, y=y, weight=w, bias=b)
         _lib.host_check(_lib.host().gmh_block_conv_fwd(ctypes.byref(a)), "block conv forward")
@@ -187,7 +177,7 @@ def block_bwd(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, need_dw: bo
         lib = _kernel_lib(x)
         a = _kernel_args(_lib.BlockConvArgs, _rows(x), w, None, dw, db, dy=_rows(dy), dx=dx)
         a.gather, a.stride = gather.data_ptr(), weight.shape[2]
-        _with_workspace(lib, "gm_block_conv_bwd", a, x, "block conv backward")
+        call_with_workspace(lib, "gm_block_conv_bwd", a, x, "block conv backward")
     else:
         a = _host_args(x, gather, weight.shape[2], False, dy=dy, dx=dx, weight=w, dweight=dw, dbias=db)
         _lib.host_check(_lib.host().gmh_block_conv_bwd(ctypes.byref(a)), "block conv backward")
