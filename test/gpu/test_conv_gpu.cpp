@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <greenmim/reference/conv.hpp>
@@ -492,6 +493,20 @@ TEST_CASE("gpu conv entry points refuse bad arguments before launching") {
   std::size_t ws_bytes = 0;
   CHECK(gm_block_conv_fwd_workspace_size(&b, &ws_bytes) == cudaErrorInvalidValue);  // the bad x, again
   CHECK(gm_block_conv_bwd_workspace_size(nullptr, &ws_bytes) == cudaErrorInvalidValue);
+  {  // more channels than the depthwise grid's channel blocks can hold (65535 x 32)
+    gm_depthwise_conv_args big = a;
+    big.x = make_tensor(p, {1, 1, 3000000}, {3000000, 3000000, 1});
+    CHECK(gm_depthwise_conv_fwd_can_implement(&big) == cudaErrorInvalidValue);
+    CHECK(std::string(gm_last_refusal()).find("too many channels") != std::string::npos);
+  }
+  {  // s = 1, C_in = 2^31 - 1: s*s*C_in + 1 (the dbias column) does not fit an int
+    gm_block_conv_args big = b;
+    big.stride = 1;
+    big.x = make_tensor(p, {1, 1, 0x7fffffff}, {0x7fffffff, 0x7fffffff, 1});
+    big.dy = make_tensor(p, {1, 1, 3}, {3, 3, 1});
+    CHECK(gm_block_conv_bwd_can_implement(&big) == cudaErrorInvalidValue);
+    CHECK(std::string(gm_last_refusal()).find("s * s * C_in + 1") != std::string::npos);
+  }
 }
 
 #if defined(GREENMIM_CUDA_EMULATION)
