@@ -24,6 +24,7 @@
 
 #include "detail/conv_split.hpp"
 #include "detail/device_common.cuh"
+#include "detail/gather_gemm_mma.cuh"
 #include "detail/host_checks.hpp"
 #include "detail/launch.cuh"
 
@@ -41,6 +42,8 @@ struct block_geom {
   const index_t* gather = nullptr;  // [n_next, P]
   int batch = 0, tokens = 0, n_next = 0, P = 0, cin = 0, cout = 0;
   const float* w = nullptr;         // [C_out, C_in, s, s]
+  const void* wt = nullptr;         // tensor-core path: W' in the element type, [C_out][ldw] (zero-padded)
+  int ldw = 0;
   // x's row of (b, n, p) or -1 (out-of-range table entry)
   __device__ __forceinline__ index_t token(int n, int p) const {
     const index_t t = __ldg(gather + static_cast<std::int64_t>(n) * P + p);
@@ -66,6 +69,31 @@ struct bc_fwd_op {
     return t == pad_index ? 0.f : to_float(__ldg(x + (m / g.n_next) * x_s0 + t * x_s1 + k % g.cin));
   }
   __device__ __forceinline__ float b(int k, int o) const { return g.wprime(o, k); }
+  // tensor cores: A row-major (gathered x), B n-major (rows of W')
+  using elem = T;
+  static constexpr bool a_kmajor = false, b_kmajor = false;
+  __device__ __forceinline__ uint4 a8(int m, int k, int k_end) const {
+    if (m >= M || k >= k_end) return zero_chunk();
+    const int valid = k_end - k < 8 ? k_end - k : 8;
+    const int bi = m / g.n_next, n = m - bi * g.n_next;
+    const T* xb = x + bi * x_s0;
+    const int p = k / g.cin, c = k - p * g.cin;
+    if (c + valid <= g.cin) {  // one block position
+      const index_t t = g.token(n, p);
+      return t == pad_index ? zero_chunk() : load8(xb + t * x_s1 + c, valid);
+    }
+    uint4 u = zero_chunk();
+    for (int e = 0; e < valid; ++e) {
+      const int pe = (k + e) / g.cin;
+      const index_t t = g.token(n, pe);
+      if (t != pad_index) set8(u, e, __ldg(xb + t * x_s1 + (k + e - pe * g.cin)));
+    }
+    return u;
+  }
+  __device__ __forceinline__ uint4 b8(int k, int o, int k_end) const {
+    if (o >= N) return zero_chunk();
+    return load8(static_cast<const T*>(g.wt) + static_cast<std::int64_t>(o) * g.ldw + k, k_end - k < 8 ? k_end - k : 8);
+  }
   __device__ __forceinline__ void store(int m, int o, float v) const {
     y[(m / g.n_next) * y_s0 + (m % g.n_next) * y_s1 + o] = from_float<T>(v + (bias ? __ldg(bias + o) : 0.f));
   }
@@ -83,6 +111,17 @@ struct bc_dx_op {
     return to_float(__ldg(dy + (m / g.n_next) * dy_s0 + (m % g.n_next) * dy_s1 + o));
   }
   __device__ __forceinline__ float b(int o, int j) const { return g.wprime(o, j); }
+  // tensor cores: A row-major (rows of dY), B k-major (rows of W')
+  using elem = T;
+  static constexpr bool a_kmajor = false, b_kmajor = true;
+  __device__ __forceinline__ uint4 a8(int m, int o, int k_end) const {
+    if (m >= M || o >= k_end) return zero_chunk();
+    return load8(dy + (m / g.n_next) * dy_s0 + (m % g.n_next) * dy_s1 + o, k_end - o < 8 ? k_end - o : 8);
+  }
+  __device__ __forceinline__ uint4 b8(int o, int j, int k_end) const {
+    if (o >= k_end || j >= g.ldw) return zero_chunk();
+    return load8(static_cast<const T*>(g.wt) + static_cast<std::int64_t>(o) * g.ldw + j, g.ldw - j < 8 ? g.ldw - j : 8);
+  }
   __device__ __forceinline__ void store(int m, int j, float v) const {
     const index_t t = g.token(m % g.n_next, j / g.cin);
     if (t != pad_index) dx[(m / g.n_next) * dx_s0 + t * dx_s1 + j % g.cin] = from_float<T>(v);
@@ -109,6 +148,36 @@ struct bc_dw_op {
     if (j == g.P * g.cin) return 1.f;
     const index_t t = g.token(m % g.n_next, j / g.cin);
     return t == pad_index ? 0.f : to_float(__ldg(x + (m / g.n_next) * x_s0 + t * x_s1 + j % g.cin));
+  }
+  // tensor cores: A k-major (rows of dY), B k-major (gathered x rows, then the ones column)
+  using elem = T;
+  static constexpr bool a_kmajor = true, b_kmajor = true;
+  __device__ __forceinline__ uint4 a8(int o, int m, int k_end) const {
+    if (m >= k_end || o >= M) return zero_chunk();
+    return load8(dy + (m / g.n_next) * dy_s0 + (m % g.n_next) * dy_s1 + o, M - o < 8 ? M - o : 8);
+  }
+  __device__ __forceinline__ uint4 b8(int m, int col, int k_end) const {
+    if (m >= k_end || col >= N) return zero_chunk();
+    const int valid = N - col < 8 ? N - col : 8;
+    const int bi = m / g.n_next, n = m - bi * g.n_next, j = jbase + col, pc = g.P * g.cin;
+    const T* xb = x + bi * x_s0;
+    const int p = j / g.cin, c = j - p * g.cin;
+    if (j + valid <= pc && c + valid <= g.cin) {  // one block position
+      const index_t t = g.token(n, p);
+      return t == pad_index ? zero_chunk() : load8(xb + t * x_s1 + c, valid);
+    }
+    uint4 u = zero_chunk();
+    for (int e = 0; e < valid; ++e) {
+      const int je = j + e;
+      if (je >= pc) {
+        if (je == pc) set8(u, e, from_float<T>(1.f));
+        continue;
+      }
+      const int pe = je / g.cin;
+      const index_t t = g.token(n, pe);
+      if (t != pad_index) set8(u, e, __ldg(xb + t * x_s1 + (je - pe * g.cin)));
+    }
+    return u;
   }
   __device__ __forceinline__ void store(int o, int col, float v) const {
     const int j = jbase + col;
@@ -193,6 +262,17 @@ __global__ void __launch_bounds__(k_red_threads) zero_rows(T* p, std::int64_t s0
   p[b * s0 + (r / channels) * s1 + r % channels] = from_float<T>(0.f);
 }
 
+//! W' in the element type for the tensor cores: wt[o][j] = weight[o, j % C_in, j / C_in] for
+//! j < P * C_in, zero up to the padded row length ldw.
+template <class T>
+__global__ void __launch_bounds__(k_red_threads) convert_weight(const float* w, T* wt, int cout, int cin, int P, int ldw) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<std::int64_t>(cout) * ldw) return;
+  const int o = static_cast<int>(i / ldw), j = static_cast<int>(i % ldw);
+  wt[i] = j < P * cin ? from_float<T>(__ldg(w + (static_cast<std::int64_t>(o) * cin + j % cin) * P + j / cin))
+                      : from_float<T>(0.f);
+}
+
 cudaError_t check_block_args(const gm_block_conv_args* a, bool backward) {
   clear_refusal();
   GM_REFUSE_IF(a == nullptr, "args is null");
@@ -208,7 +288,8 @@ cudaError_t check_block_args(const gm_block_conv_args* a, bool backward) {
                    mul_sat(mul_sat(B, N), Ci) > 0x7fffffff || mul_sat(P, Ci) > 0x7fffffff || Co > 0x7fffffff,
                "extents too large for int32 GEMM indices");
   GM_REFUSE_IF((B * Nn + k_bm - 1) / k_bm > 65535 || (Co + k_bm - 1) / k_bm > 65535, "too many rows for the grid");
-  GM_REFUSE_IF(P * Ci >= 0x7fffffff, "extents too large for int32 GEMM indices (s * s * C_in + 1)");
+  GM_REFUSE_IF(P * Ci > 0x7fffffff - 8,
+               "extents too large for int32 GEMM indices (s * s * C_in + 1, rounded up to 8 for the tensor cores)");
   const std::size_t es = dtype_bytes(a->dtype);
   const std::int64_t xe[3] = {B, N, Ci}, oe[3] = {B, Nn, Co};
   GM_TRY(check_tensor(a->x, 3, xe, es, true, false, "x must be [B, N, C_in], element-aligned, unit last stride"));
@@ -239,7 +320,10 @@ cudaError_t launch_gemm(const Op& op, float* workspace, cudaStream_t stream, std
   const dim3 grid(static_cast<unsigned>((op.N + k_bn - 1) / k_bn), static_cast<unsigned>((op.M + k_bm - 1) / k_bm),
                   static_cast<unsigned>(sp.splits));
   float* partial = sp.splits > 1 ? workspace : nullptr;
-  GM_TRY(launch(gather_gemm<Op>, grid, k_gemm_threads, 0, stream, op, sp.k_per, partial));
+  if constexpr (std::is_same<typename Op::elem, float>::value)
+    GM_TRY(launch(gather_gemm<Op>, grid, k_gemm_threads, 0, stream, op, sp.k_per, partial));
+  else
+    GM_TRY(launch(gather_gemm_mma<Op>, grid, k_tc_threads, gather_gemm_mma_smem<Op>(), stream, op, sp.k_per, partial));
   if (!partial) return cudaSuccess;
   const std::int64_t mn = static_cast<std::int64_t>(op.M) * op.N;
   return launch(splitk_reduce<Op>, dim3(static_cast<unsigned>((mn + k_red_threads - 1) / k_red_threads)), k_red_threads,
@@ -265,18 +349,59 @@ block_gemms gemm_shapes(const gm_block_conv_args* a, const gm_tensor& out) {
   return s;
 }
 
-std::size_t block_fwd_workspace_bytes(const gm_block_conv_args* a) {
-  const block_gemms s = gemm_shapes(a, a->y);
-  const std::int64_t K = s.P * s.cin;
-  return static_cast<std::size_t>(gemm_split_for(s.rows, s.cout, K).partial_floats(s.rows, s.cout)) * sizeof(float);
+//! The workspace: W' in the element type (16-bit dtypes: the tensor cores' B operand), then the
+//! split-K partials at a 256-byte offset.
+struct block_workspace {
+  std::size_t weight_bytes = 0, partial_bytes = 0;
+  std::size_t partial_offset() const { return (weight_bytes + 255) / 256 * 256; }
+  std::size_t total() const { return partial_bytes == 0 ? weight_bytes : partial_offset() + partial_bytes; }
+};
+
+//! W' rows of the tensor-core path: P * C_in rounded up to 8 elements (16-byte rows).
+std::int64_t weight_ld(const block_gemms& s) { return (s.P * s.cin + 7) / 8 * 8; }
+
+std::size_t weight_bytes(const gm_block_conv_args* a, const block_gemms& s) {
+  if (a->dtype == GM_FLOAT32 || s.rows == 0) return 0;  // SIMT reads the fp32 weight; no rows: no GEMM
+  return static_cast<std::size_t>(s.cout * weight_ld(s)) * dtype_bytes(a->dtype);
 }
 
-std::size_t block_bwd_workspace_bytes(const gm_block_conv_args* a) {
+block_workspace block_fwd_workspace(const gm_block_conv_args* a) {
+  const block_gemms s = gemm_shapes(a, a->y);
+  const std::int64_t K = s.P * s.cin;
+  block_workspace w;
+  w.weight_bytes = weight_bytes(a, s);
+  w.partial_bytes = static_cast<std::size_t>(gemm_split_for(s.rows, s.cout, K).partial_floats(s.rows, s.cout)) * sizeof(float);
+  return w;
+}
+
+block_workspace block_bwd_workspace(const gm_block_conv_args* a) {
   const block_gemms s = gemm_shapes(a, a->dy);
   const std::int64_t dx = gemm_split_for(s.rows, s.P * s.cin, s.cout).partial_floats(s.rows, s.P * s.cin);
   const std::int64_t cols = s.dw_split_n();  // an upper bound of the requested columns
   const std::int64_t dw = (a->dweight || a->dbias) ? gemm_split_for(s.cout, cols, s.rows).partial_floats(s.cout, cols) : 0;
-  return static_cast<std::size_t>(dx > dw ? dx : dw) * sizeof(float);
+  block_workspace w;
+  w.weight_bytes = weight_bytes(a, s);
+  w.partial_bytes = static_cast<std::size_t>(dx > dw ? dx : dw) * sizeof(float);
+  return w;
+}
+
+std::size_t block_fwd_workspace_bytes(const gm_block_conv_args* a) { return block_fwd_workspace(a).total(); }
+std::size_t block_bwd_workspace_bytes(const gm_block_conv_args* a) { return block_bwd_workspace(a).total(); }
+
+//! The geometry's W' for the tensor cores (16-bit T): converted into the workspace's head.
+template <class T>
+cudaError_t stage_weight(block_geom& g, const gm_block_conv_args* a, void* workspace, cudaStream_t stream) {
+  if constexpr (std::is_same<T, float>::value) {
+    return cudaSuccess;
+  } else {
+    const block_gemms s = gemm_shapes(a, a->x);  // only P and C_in are read
+    g.ldw = static_cast<int>(weight_ld(s));
+    g.wt = workspace;
+    const std::int64_t n = static_cast<std::int64_t>(g.cout) * g.ldw;
+    if (n == 0) return cudaSuccess;
+    return launch(convert_weight<T>, dim3(static_cast<unsigned>((n + k_red_threads - 1) / k_red_threads)), k_red_threads, 0,
+                  stream, a->weight, static_cast<T*>(workspace), g.cout, g.cin, g.P, g.ldw);
+  }
 }
 
 cudaError_t check_workspace(std::size_t need, const void* workspace, std::size_t bytes, const char* size_fn) {
@@ -299,10 +424,17 @@ block_geom make_geom(const gm_block_conv_args* a, const gm_tensor& out) {
   return g;
 }
 
+//! The split-K partials' part of the workspace.
+float* partials(void* workspace, const block_workspace& w) {
+  return w.partial_bytes == 0 ? nullptr : reinterpret_cast<float*>(static_cast<char*>(workspace) + w.partial_offset());
+}
+
 template <class T>
-cudaError_t run_block_fwd(const gm_block_conv_args* a, float* workspace, cudaStream_t stream) {
+cudaError_t run_block_fwd(const gm_block_conv_args* a, void* workspace, cudaStream_t stream) {
+  const block_workspace w = block_fwd_workspace(a);
   bc_fwd_op<T> op;
   op.g = make_geom(a, a->y);
+  if (op.g.batch * op.g.n_next > 0) GM_TRY(stage_weight<T>(op.g, a, workspace, stream));
   op.x = static_cast<const T*>(a->x.data);
   op.y = static_cast<T*>(a->y.data);
   op.bias = a->bias;
@@ -311,12 +443,14 @@ cudaError_t run_block_fwd(const gm_block_conv_args* a, float* workspace, cudaStr
   op.M = op.g.batch * op.g.n_next;
   op.N = op.g.cout;
   op.K = op.g.P * op.g.cin;
-  return launch_gemm(op, workspace, stream);
+  return launch_gemm(op, partials(workspace, w), stream);
 }
 
 template <class T>
-cudaError_t run_block_bwd(const gm_block_conv_args* a, float* workspace, cudaStream_t stream) {
-  const block_geom g = make_geom(a, a->dy);
+cudaError_t run_block_bwd(const gm_block_conv_args* a, void* workspace, cudaStream_t stream) {
+  const block_workspace w = block_bwd_workspace(a);
+  block_geom g = make_geom(a, a->dy);
+  if (g.batch * g.n_next > 0) GM_TRY(stage_weight<T>(g, a, workspace, stream));
   const T* dy = static_cast<const T*>(a->dy.data);
   const std::int64_t xs = static_cast<std::int64_t>(g.batch) * g.tokens * g.cin;
   if (xs > 0)
@@ -331,7 +465,7 @@ cudaError_t run_block_bwd(const gm_block_conv_args* a, float* workspace, cudaStr
   dx.M = g.batch * g.n_next;
   dx.N = g.P * g.cin;
   dx.K = g.cout;
-  GM_TRY(launch_gemm(dx, workspace, stream));
+  GM_TRY(launch_gemm(dx, partials(workspace, w), stream));
   if (!a->dweight && !a->dbias) return cudaSuccess;
   const block_gemms shapes = gemm_shapes(a, a->dy);
   bc_dw_op<T> dw;
@@ -352,7 +486,7 @@ cudaError_t run_block_bwd(const gm_block_conv_args* a, float* workspace, cudaStr
     if (a->dbias && g.cout > 0) GM_TRY(cudaMemsetAsync(a->dbias, 0, static_cast<std::size_t>(g.cout) * sizeof(float), stream));
     return cudaSuccess;
   }
-  GM_TRY(launch_gemm(dw, workspace, stream, shapes.dw_split_n()));
+  GM_TRY(launch_gemm(dw, partials(workspace, w), stream, shapes.dw_split_n()));
   return cudaSuccess;
 }
 
@@ -384,10 +518,9 @@ cudaError_t block_entry(const gm_block_conv_args* args, bool backward, void* wor
                            workspace_bytes,
                            backward ? "workspace too small (gm_block_conv_bwd_workspace_size)"
                                     : "workspace too small (gm_block_conv_fwd_workspace_size)"));
-    float* ws = static_cast<float*>(workspace);
     return with_element_type(args->dtype, [&](auto t) {
       using T = typename decltype(t)::type;
-      return backward ? run_block_bwd<T>(args, ws, stream) : run_block_fwd<T>(args, ws, stream);
+      return backward ? run_block_bwd<T>(args, workspace, stream) : run_block_fwd<T>(args, workspace, stream);
     });
   });
 }

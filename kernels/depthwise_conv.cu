@@ -242,18 +242,32 @@ __global__ void __launch_bounds__(k_dw_threads) dw_grad_partial(const dw_grad_pa
   }
 }
 
-//! dweight[c, o] / dbias[c] = the pieces' partials summed in ascending piece order.
+//! dweight[c, o] / dbias[c] = the pieces' partials summed in a fixed order (below).
 __global__ void __launch_bounds__(k_red_threads) dw_grad_reduce(const float* partial, std::int64_t parts, int channels,
                                                                float* dweight, float* dbias) {
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= static_cast<std::int64_t>(channels) * (k_taps + 1)) return;
+  // 32 outputs per CTA (one per lane, coalesced); warp w sums the parts w, w + 8, ... in order, then
+  // lane 0's warp adds the 8 warps' sums in warp order: a fixed order, from the shapes alone
+  constexpr int warps = k_red_threads / 32;
+  __shared__ float sums[warps][32];
+  const int lane = static_cast<int>(threadIdx.x) % 32, w = static_cast<int>(threadIdx.x) / 32;
+  const std::int64_t outs = static_cast<std::int64_t>(channels) * (k_taps + 1);
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * 32 + lane;
   float s = 0.f;
-  for (std::int64_t part = 0; part < parts; ++part) s += partial[part * channels * (k_taps + 1) + i];
+  if (i < outs) {
+#pragma unroll 4
+    for (std::int64_t part = w; part < parts; part += warps) s += partial[part * outs + i];
+  }
+  sums[w][lane] = s;
+  __syncthreads();
+  if (w != 0 || i >= outs) return;
+  float t = sums[0][lane];
+#pragma unroll
+  for (int k = 1; k < warps; ++k) t += sums[k][lane];
   const int c = static_cast<int>(i / (k_taps + 1)), o = static_cast<int>(i % (k_taps + 1));
   if (o < k_taps) {
-    if (dweight) dweight[static_cast<std::int64_t>(c) * k_taps + o] = s;
+    if (dweight) dweight[static_cast<std::int64_t>(c) * k_taps + o] = t;
   } else if (dbias) {
-    dbias[c] = s;
+    dbias[c] = t;
   }
 }
 
@@ -369,7 +383,7 @@ cudaError_t run_dw_bwd(const gm_depthwise_conv_args* a, void* workspace, cudaStr
   else
     GM_TRY((launch(dw_grad_partial<T, 1>, grid, k_dw_threads, 0, stream, g)));
   const std::int64_t outs = static_cast<std::int64_t>(C) * (k_taps + 1);
-  return launch(dw_grad_reduce, dim3(static_cast<unsigned>((outs + k_red_threads - 1) / k_red_threads)), k_red_threads,
+  return launch(dw_grad_reduce, dim3(static_cast<unsigned>((outs + 31) / 32)), k_red_threads,
                 0, stream, static_cast<const float*>(workspace), g.split.parts(), C, a->dweight, a->dbias);
 }
 

@@ -4,6 +4,7 @@
 #include "gpu_test_util.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -345,6 +346,7 @@ TEST_CASE("gpu block conv (kernel = stride): fwd and bwd vs the CPU reference") 
   for (gm_dtype dt : {GM_FLOAT32, GM_FLOAT16, GM_BFLOAT16}) {
     block_case("GSA-like s 4", cu, c, 16, 4, 2, 12, 20, dt, rng);
     block_case("patch-embedding-like s 2", cu, c, 16, 2, 2, 8, 70, dt, rng);
+    block_case("image patch embedding s 4", cu, c, 16, 4, 3, 3, 40, dt, rng);
   }
   std::vector<index_t> flat = c, cu2{0, static_cast<index_t>(c.size())};
   const auto c2 = unit_mask_coords(rng, 16, 4, 0.75);
@@ -403,6 +405,90 @@ TEST_CASE("gpu block conv (kernel = stride): fwd and bwd vs the CPU reference") 
     CHECK(got[0][1] == got[2][1]);  // dbias with and without dweight
   }
 #endif
+}
+
+//! Block conv forward and backward with every activation (x, y, dy, dx) `offset` elements into its
+//! buffer and its token rows `pad` elements apart beyond C; returns y, dx (as dense bytes), dweight
+//! and dbias.
+std::vector<bytes> block_outputs_at(const greenmim::block_table& bt, index_t s, std::int64_t B, std::int64_t Ci,
+                                    std::int64_t Co, gm_dtype dt, const htensor& hx, const htensor& hdy,
+                                    const std::vector<float>& w, const std::vector<float>& bias, std::int64_t offset,
+                                    std::int64_t pad) {
+  const std::int64_t N = bt.num_inputs, Nn = bt.num_outputs();
+  const std::size_t es = gm_dtype_size(dt);
+  // strided copy of a dense [B, rows, C] host tensor into a device buffer
+  auto place = [&](const htensor& h, std::int64_t rows, std::int64_t C) {
+    htensor t(dt, static_cast<std::size_t>(offset + B * rows * (C + pad)));
+    for (std::size_t i = 0; i < t.size(); ++i) t.set(i, 0.f);
+    for (std::int64_t r = 0; r < B * rows; ++r)
+      std::memcpy(&t.bytes[static_cast<std::size_t>(offset + r * (C + pad)) * es], &h.bytes[static_cast<std::size_t>(r * C) * es],
+                  static_cast<std::size_t>(C) * es);
+    return to_device(t);
+  };
+  auto dense = [&](const dbuf<unsigned char>& d, std::int64_t rows, std::int64_t C) {
+    const bytes all = d.download();
+    bytes out(static_cast<std::size_t>(B * rows * C) * es);
+    for (std::int64_t r = 0; r < B * rows; ++r)
+      std::memcpy(&out[static_cast<std::size_t>(r * C) * es], &all[static_cast<std::size_t>(offset + r * (C + pad)) * es],
+                  static_cast<std::size_t>(C) * es);
+    return out;
+  };
+  htensor hy(dt, static_cast<std::size_t>(B * Nn * Co)), hdx(dt, static_cast<std::size_t>(B * N * Ci));
+  dbuf<unsigned char> x = place(hx, N, Ci), dy = place(hdy, Nn, Co), y = place(hy, Nn, Co), dx = place(hdx, N, Ci);
+  dbuf<index_t> gather = to_device(bt.gather);
+  dbuf<float> wd = to_device(w), bd = to_device(bias), dweight(w.size()), dbias(bias.size());
+  gm_block_conv_args a{};
+  a.dtype = dt;
+  const std::int64_t xr = Ci + pad, yr = Co + pad;
+  a.x = make_tensor(static_cast<unsigned char*>(x.p) + offset * es, {B, N, Ci}, {N * xr, xr, 1});
+  a.y = make_tensor(static_cast<unsigned char*>(y.p) + offset * es, {B, Nn, Co}, {Nn * yr, yr, 1});
+  a.dy = make_tensor(static_cast<unsigned char*>(dy.p) + offset * es, {B, Nn, Co}, {Nn * yr, yr, 1});
+  a.dx = make_tensor(static_cast<unsigned char*>(dx.p) + offset * es, {B, N, Ci}, {N * xr, xr, 1});
+  a.gather = gather.p;
+  a.stride = s;
+  a.weight = wd.p;
+  a.bias = bd.p;
+  a.dweight = dweight.p;
+  a.dbias = dbias.p;
+  std::size_t fwd_ws = 0, bwd_ws = 0;
+  GM_CHECK_CUDA(gm_block_conv_fwd_workspace_size(&a, &fwd_ws));
+  GM_CHECK_CUDA(gm_block_conv_bwd_workspace_size(&a, &bwd_ws));
+  dbuf<unsigned char> ws(fwd_ws > bwd_ws ? fwd_ws : bwd_ws);
+  GM_CHECK_CUDA(gm_block_conv_fwd(&a, ws.p, fwd_ws, nullptr));
+  GM_CHECK_CUDA(gm_block_conv_bwd(&a, ws.p, bwd_ws, nullptr));
+  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  return {dense(y, Nn, Co), dense(dx, N, Ci), float_bytes(dweight.download()), float_bytes(dbias.download())};
+}
+
+TEST_CASE("gpu block conv: results do not depend on the activations' alignment or row strides") {
+  GM_SKIP_WITHOUT_DEVICE();
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed << " (GM_TEST_SEED)");
+  std::mt19937_64 rng(seed);
+  const auto c = unit_mask_coords(rng, 16, 4, 0.5);
+  const std::vector<index_t> cu{0, static_cast<index_t>(c.size())};
+  greenmim::block_table bt;
+  greenmim::check(greenmim::build_block_table_per_sample(16, 16, 4, span<const index_t>(cu), span<const index_t>(c), bt));
+  const std::int64_t B = 3, N = bt.num_inputs, Nn = bt.num_outputs();
+  // C_in 16 and 24: the tensor cores' 16-byte loads when aligned; C_in 3: an image's channels
+  for (const auto& sh : {std::array<std::int64_t, 2>{16, 40}, std::array<std::int64_t, 2>{24, 16},
+                         std::array<std::int64_t, 2>{3, 32}}) {
+    for (gm_dtype dt : {GM_FLOAT16, GM_BFLOAT16, GM_FLOAT32}) {
+      const std::int64_t Ci = sh[0], Co = sh[1];
+      INFO("C_in " << Ci << " C_out " << Co << " dtype " << gm_dtype_name(dt));
+      const htensor hx = random_htensor(dt, static_cast<std::size_t>(B * N * Ci), rng);
+      const htensor hdy = random_htensor(dt, static_cast<std::size_t>(B * Nn * Co), rng);
+      const auto w = random_floats(static_cast<std::size_t>(Co * Ci * 16), rng);
+      const auto bias = random_floats(static_cast<std::size_t>(Co), rng);
+      const auto aligned = block_outputs_at(bt, 4, B, Ci, Co, dt, hx, hdy, w, bias, 0, 0);
+      for (const auto& op : {std::array<std::int64_t, 2>{1, 0}, std::array<std::int64_t, 2>{0, 3},
+                             std::array<std::int64_t, 2>{5, 8}}) {
+        INFO("offset " << op[0] << " row pad " << op[1]);
+        const auto moved = block_outputs_at(bt, 4, B, Ci, Co, dt, hx, hdy, w, bias, op[0], op[1]);
+        for (int k = 0; k < 4; ++k) CHECK(moved[k] == aligned[k]);
+      }
+    }
+  }
 }
 
 TEST_CASE("block conv (host): the split of its GEMMs") {
@@ -499,10 +585,10 @@ TEST_CASE("gpu conv entry points refuse bad arguments before launching") {
     CHECK(gm_depthwise_conv_fwd_can_implement(&big) == cudaErrorInvalidValue);
     CHECK(std::string(gm_last_refusal()).find("too many channels") != std::string::npos);
   }
-  {  // s = 1, C_in = 2^31 - 1: s*s*C_in + 1 (the dbias column) does not fit an int
+  {  // s = 1, C_in = 2^31 - 8: s*s*C_in + 1 (the dbias column) fits an int, rounded up to 8 not
     gm_block_conv_args big = b;
     big.stride = 1;
-    big.x = make_tensor(p, {1, 1, 0x7fffffff}, {0x7fffffff, 0x7fffffff, 1});
+    big.x = make_tensor(p, {1, 1, 0x7ffffff8}, {0x7ffffff8, 0x7ffffff8, 1});
     big.dy = make_tensor(p, {1, 1, 3}, {3, 3, 1});
     CHECK(gm_block_conv_bwd_can_implement(&big) == cudaErrorInvalidValue);
     CHECK(std::string(gm_last_refusal()).find("s * s * C_in + 1") != std::string::npos);
