@@ -172,7 +172,8 @@ def make_row(row: str, cfg: dict, args, device):
 def run_row(row: str, cfg: dict, args, device) -> dict:
     gen = torch.Generator().manual_seed(args.seed)
     model = make_row(row, cfg, args, device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # fused on CUDA for every row (the trainer's choice; foreach took 19% of a step's GPU time)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True if device.type == "cuda" else None)
     img = torch.randn(args.batch, 3, args.img, args.img, device=device)
     grid = args.img // 32
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu",

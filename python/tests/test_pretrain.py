@@ -328,3 +328,28 @@ def test_schedule_and_weight_decay_groups_follow_the_released_recipe():
     assert "encoder.layers.0.blocks.0.attn.qkv.weight" in decayed and "decoder_embed.weight" in decayed
     assert exempt | decayed == set(names.values()) and not exempt & decayed
     assert all(p.ndim >= 2 for p in decay["params"])
+
+
+def test_fused_adamw_takes_the_same_steps_as_foreach():
+    """The trainer asks for the fused AdamW on CUDA: same recipe (groups, betas, decay), same
+    update up to rounding. Run here on the CPU, where torch also has a fused kernel."""
+    from greenmim.pretrain import optim
+    torch.manual_seed(0)
+    a = greenmim.create_model(NANO)
+    b = greenmim.create_model(NANO)
+    b.load_state_dict(a.state_dict())
+    oa, ob = optim.adamw(a, 1e-2, 0.05), optim.adamw(b, 1e-2, 0.05, fused=True)
+    assert ob.defaults["fused"] and not oa.defaults.get("fused")
+    assert [g["weight_decay"] for g in oa.param_groups] == [g["weight_decay"] for g in ob.param_groups]
+    start = [p.detach().clone() for p in a.parameters()]
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in a.parameters()]
+        for m in (a, b):
+            for p, g in zip(m.parameters(), grads):
+                p.grad = g.clone()
+        oa.step()
+        ob.step()
+    moved = max(float((p - q).abs().max()) for p, q in zip(a.parameters(), start))
+    assert moved > 1e-3  # the steps did something
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), n

@@ -55,7 +55,8 @@ def run(args, ctx: dist.Context) -> dict:
     model.to(ctx.device)
     config = model.config
     wrapped = dist.wrap(model, ctx)
-    opt = optim.adamw(wrapped if ctx.fsdp else model, lr, args.weight_decay)
+    opt = optim.adamw(wrapped if ctx.fsdp else model, lr, args.weight_decay,
+                      fused=ctx.device.type == "cuda" and not ctx.fsdp)
     scaler = torch.amp.GradScaler(ctx.device.type) if amp == torch.float16 else None
     step = 0
     out = args.output_dir
