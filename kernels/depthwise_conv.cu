@@ -319,8 +319,9 @@ cudaError_t launch_dw_apply(dw_params p, cudaStream_t stream) {
   const int groups = p.channels / V;
   p.gb = dw_block_groups(groups);
   const int rows = k_dw_threads / p.gb;
+  const std::int64_t tiles = static_cast<std::int64_t>((p.tokens + rows - 1) / rows) * ((groups + p.gb - 1) / p.gb);
   const dim3 grid(static_cast<unsigned>((p.tokens + rows - 1) / rows), static_cast<unsigned>((groups + p.gb - 1) / p.gb),
-                  static_cast<unsigned>(p.batch < 65535 ? p.batch : 65535));
+                  static_cast<unsigned>(dw_apply_grid_z(tiles, p.batch)));
   return launch(dw_apply<T, V>, grid, k_dw_threads, 0, stream, p);
 }
 

@@ -44,6 +44,20 @@ inline dw_grad_split dw_grad_split_for(std::int64_t tokens, std::int64_t batch, 
   }
 }
 
+//! grid.z of the depthwise forward / dx kernel (dw_apply), whose CTAs are `tiles` (token rows x
+//! channel blocks) per sample: each CTA takes the samples z, z + grid.z, ..., so that its fixed
+//! cost (the block's weights staged, its neighbour indices read) is spread over several samples
+//! where there are many CTAs: at least k_dw_apply_min_ctas CTAs stay (or all of tiles x batch),
+//! at most 8 samples per CTA unless grid.z would pass 65535. Shapes only. Requires tiles,
+//! batch >= 1.
+constexpr std::int64_t k_dw_apply_min_ctas = 1024;
+inline int dw_apply_grid_z(std::int64_t tiles, std::int64_t batch) {
+  std::int64_t per = tiles * batch / k_dw_apply_min_ctas;
+  per = per < 1 ? 1 : per > 8 ? 8 : per;
+  const std::int64_t z = (batch + per - 1) / per;
+  return static_cast<int>(z < 65535 ? z : 65535);
+}
+
 //! The block conv's gather-GEMM tile (block_conv.cu): 64 x 64 outputs, 16-deep reduction steps.
 constexpr int k_gemm_bm = 64, k_gemm_bn = 64, k_gemm_bk = 16;
 //! Split-K aims at this many CTAs (a few waves on today's largest GPUs; a constant, not the

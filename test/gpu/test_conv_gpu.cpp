@@ -247,6 +247,9 @@ TEST_CASE("gpu depthwise conv (PEG): fwd and bwd vs the CPU reference, vector an
   depthwise_case("shared mask, B 19, C 16", cu3, c3, 16, 19, 16, GM_BFLOAT16, true, rng);
   depthwise_case("shared mask, B 3, C 512", cu3, c3, 16, 3, 512, GM_FLOAT16, true, rng);
   depthwise_case("shared mask, B 9, C 40 (scalar)", cu3, c3, 16, 9, 40, GM_FLOAT32, false, rng);
+  // several samples per CTA in the forward and dx (dw_apply_grid_z): 32 channel groups of 8 per
+  // block, 8 token rows: ~23 x 1 CTAs per sample x 100 samples > 2 x k_dw_apply_min_ctas
+  depthwise_case("shared mask, B 100, C 256 (samples per CTA > 1)", cu3, c3, 16, 100, 256, GM_BFLOAT16, true, rng);
 }
 
 //! dweight and dbias of the depthwise backward with x and dy at `offset` elements into their
@@ -305,6 +308,27 @@ TEST_CASE("gpu depthwise conv: dweight and dbias bits do not depend on the input
     CHECK(aligned[0] == offset[0]);
     CHECK(aligned[1] == offset[1]);
   }
+}
+
+TEST_CASE("depthwise forward (host): samples per CTA") {
+  using greenmim::detail::cuda::dw_apply_grid_z;
+  using greenmim::detail::cuda::k_dw_apply_min_ctas;
+  std::mt19937_64 rng(fresh_seed());
+  auto check_z = [](std::int64_t tiles, std::int64_t batch) {
+    INFO("tiles " << tiles << " batch " << batch);
+    const std::int64_t z = dw_apply_grid_z(tiles, batch);
+    REQUIRE(z >= 1);
+    CHECK(z <= 65535);
+    CHECK(z <= batch);
+    const std::int64_t per = (batch + z - 1) / z;  // samples of the busiest CTA
+    if (z < 65535) CHECK(per <= 8);
+    CHECK(tiles * z >= std::min<std::int64_t>(k_dw_apply_min_ctas / 2, tiles * batch));  // the GPU stays busy
+    if (batch >= 2 && tiles * batch >= 2 * k_dw_apply_min_ctas) CHECK(per >= 2);  // and CTAs share their cost
+  };
+  const std::int64_t shapes[][2] = {{1, 1}, {48, 64}, {8, 64}, {1, 1 << 30}, {100000, 1}, {24, 86}, {3, 65536 * 9}};
+  for (const auto& sh : shapes) check_z(sh[0], sh[1]);
+  std::uniform_int_distribution<std::int64_t> d(1, 1 << 14);
+  for (int i = 0; i < 300; ++i) check_z(d(rng), d(rng));
 }
 
 TEST_CASE("depthwise backward (host): the cut of the dweight reduction") {
