@@ -26,6 +26,7 @@ sets as targets, and a per-stage breakdown like the paper's appendix table.
     python bench/gpu/train_step.py --cpu --model toy-twins     # ... for a toy Twins
     python bench/gpu/train_step.py --toy          # CPU, tiny model, 1 step: the CI smoke run
     python bench/gpu/train_step.py --full --rows greenmim --trace traces/   # + torch.profiler trace
+    python bench/gpu/train_step.py --full --compile [reduce-overhead]        # every row torch.compile'd
 """
 from __future__ import annotations
 
@@ -185,28 +186,40 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
     def simmim_mask(units):
         return ~units.repeat_interleave(g0 // grid, -2).repeat_interleave(g0 // grid, -1)
 
+    net = model
+    inline_plan = lambda units: model.plan(units, device=device, cache=False)  # noqa: E731
+    loader_plan = lambda units: model.plan(units, cache=False)                 # noqa: E731
+    if args.compile:
+        # every row compiled alike; greenmim's plans as greenmim.pretrain --compile makes them: G fixed
+        # at each stage's window area and the group axis dynamic, so fresh masks do not recompile
+        from greenmim.pretrain.data import Geometry
+        net = torch.compile(model, mode=args.compile)
+        if row != "simmim":
+            inline_plan = loader_plan = Geometry(model, fixed_groups=True).plan
     ready = None
     if args.plans == "loader":   # made before the timed steps, pinned: the trainer's DataLoader
         ready = []
         for _ in range(args.warmup + args.steps):
             units = unit_masks(args.batch, per_sample, args.ratio, gen, grid)
-            item = simmim_mask(units) if row == "simmim" else model.plan(units, cache=False)
+            item = simmim_mask(units) if row == "simmim" else loader_plan(units)
             ready.append(item.pin_memory() if device.type == "cuda" else item)
         ready = iter(ready)
 
     def step():
         if ready is None:
             units = unit_masks(args.batch, per_sample, args.ratio, gen, grid)
-            item = simmim_mask(units) if row == "simmim" else model.plan(units, device=device, cache=False)
+            item = simmim_mask(units) if row == "simmim" else inline_plan(units)
         else:
             item = next(ready)
         item = item.to(device, non_blocking=True)
+        if args.compile and row != "simmim":
+            item.mark_dynamic()
         with amp:
             if row == "simmim":
-                out = model(img, item.expand(args.batch, g0, g0))
+                out = net(img, item.expand(args.batch, g0, g0))
             else:
                 plan = item
-                out = model(img, plan) if args.full else model.forward_features(img, plan)   # visible tokens
+                out = net(img, plan) if args.full else model.forward_features(img, plan)   # visible tokens
             loss = out.float() if args.full and row == "simmim" else \
                 (out[0].float() if args.full else out.float().square().mean())
         opt.zero_grad(set_to_none=True)
@@ -326,6 +339,10 @@ def main(argv=None) -> int:
                          "steps, copied asynchronously in the step (greenmim.pretrain's pipeline)")
     ap.add_argument("--toy", action="store_true", help="tiny model, batch 2, 2 steps, CPU: a smoke run")
     ap.add_argument("--full", action="store_true", help="whole pretraining models (encoder, decoder, loss)")
+    ap.add_argument("--compile", nargs="?", const="default", default=None,
+                    choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
+                    help="torch.compile every row's model (with --full) in this mode; greenmim's plans fix G "
+                         "and mark their group axis dynamic, as greenmim.pretrain --compile does")
     ap.add_argument("--cpu", action="store_true",
                     help="--full rows for a toy Swin (embed 32; a Twins model: toy-twins) at batch 16 on this CPU, "
                          "no breakdown")
@@ -338,6 +355,8 @@ def main(argv=None) -> int:
     if args.toy:
         args.model = "toy-twins" if args.twins else ("toy-v2" if MODELS[args.model][3] else "toy")
         args.batch, args.steps, args.warmup, args.reps, args.device = 2, 1, 1, 1, "cpu"
+    if args.compile and not args.full:
+        ap.error("--compile needs --full (it compiles the whole pretraining models)")
     rows = [r for r in args.rows.split(",") if r]
     bad = [r for r in rows if r not in ROWS]
     if bad:
@@ -351,7 +370,7 @@ def main(argv=None) -> int:
     args.img = args.img or img
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"== train step{' (whole models)' if args.full else ''}: {args.model}, batch {args.batch}, {args.img} px, ratio {args.ratio}, "
-          f"plans {args.plans}, "
+          f"plans {args.plans}, {'torch.compile (' + args.compile + '), ' if args.compile else ''}"
           f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}, AdamW, {name}, torch {torch.__version__}")
     results = []
     for r in rows:
