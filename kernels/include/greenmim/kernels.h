@@ -274,8 +274,10 @@ cudaError_t gm_depthwise_conv_bwd(const gm_depthwise_conv_args* args, void* work
  *  y[b,n,o] = bias[o] + sum_{c,p} weight[(o*C_in + c)*s*s + p] * x[b, gather[n*s*s + p], c].
  *  Backward: dx (zeroed, then scattered: each input in at most one block), dweight, dbias; all
  *  deterministic (no atomics; a split reduction is summed in a fixed order that depends on the
- *  shapes only). SIMT tiled GEMM (64x64x16, fp32), split along its reduction where the output
- *  tiles are too few CTAs; the splits' fp32 partials live in the caller's workspace. */
+ *  shapes only). fp16/bf16: tensor cores (mma.sync, fp32 accumulation; the weight rounded once
+ *  per call to the element type, as cuDNN under autocast); fp32: a SIMT tiled GEMM. Both split
+ *  along the reduction where the output tiles are too few CTAs; the splits' fp32 partials (and the
+ *  rounded weight) live in the caller's workspace. */
 typedef struct gm_block_conv_args {
   gm_dtype dtype;        /*!< element type of x, y, dy, dx */
   gm_tensor x;           /*!< [B, N, C_in] */
@@ -291,8 +293,9 @@ typedef struct gm_block_conv_args {
 } gm_block_conv_args;
 
 cudaError_t gm_block_conv_fwd_can_implement(const gm_block_conv_args* args);
-/*! Workspace of the forward / backward (16-byte aligned): the split GEMMs' fp32 partials, at most
- *  64 MiB; 0 when no GEMM splits. */
+/*! Workspace of the forward / backward (16-byte aligned): for fp16/bf16 the weight in the element
+ *  type (C_out x s*s*C_in, rows padded to 8), then the split GEMMs' fp32 partials (at most 64 MiB);
+ *  0 for fp32 when no GEMM splits, and when there are no output rows. */
 cudaError_t gm_block_conv_fwd_workspace_size(const gm_block_conv_args* args, size_t* bytes);
 cudaError_t gm_block_conv_fwd(const gm_block_conv_args* args, void* workspace, size_t workspace_bytes,
                               cudaStream_t stream);
