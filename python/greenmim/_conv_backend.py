@@ -118,17 +118,21 @@ def depthwise_fwd(x: Tensor, nbr: Tensor, weight: Tensor, bias: Optional[Tensor]
     return y
 
 
-def _grads(x: Tensor, weight: Tensor, need_dw: bool, need_db: bool) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+def _grads(x: Tensor, weight: Tensor, need_dw: bool, need_db: bool,
+           written: bool = False) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """dweight and dbias buffers: zeros, or uninitialised where the kernels will write every
+    element (``written``: they store their sums, they do not accumulate; a memset launch less)."""
     dt = grad_dtype(x)
-    dw = torch.zeros(weight.shape, dtype=dt, device=x.device) if need_dw else None
-    db = torch.zeros(weight.shape[0], dtype=dt, device=x.device) if need_db else None
+    new = torch.empty if written else torch.zeros
+    dw = new(weight.shape, dtype=dt, device=x.device) if need_dw else None
+    db = new(weight.shape[0], dtype=dt, device=x.device) if need_db else None
     return dw, db
 
 
 def depthwise_bwd(dy: Tensor, x: Tensor, nbr: Tensor, weight: Tensor, residual: bool, need_dw: bool,
                   need_db: bool) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    dw, db = _grads(x, weight, need_dw, need_db)
+    dw, db = _grads(x, weight, need_dw, need_db, written=uses_kernels(x) and x.numel() > 0)
     if x.numel() == 0:
         return dx, dw, db
     w = _weights(weight, x).view(-1, 9)
@@ -166,7 +170,7 @@ def block_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor])
 def block_bwd(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, need_dw: bool,
               need_db: bool) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)   # overwritten (0 for tokens in no block)
-    dw, db = _grads(x, weight, need_dw, need_db)
+    dw, db = _grads(x, weight, need_dw, need_db, written=uses_kernels(x) and dy.numel() > 0 and x.numel() > 0)
     if dy.numel() == 0 or x.numel() == 0:
         dx.zero_()
         if db is not None and dy.numel():
