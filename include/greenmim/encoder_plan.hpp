@@ -22,6 +22,11 @@
 #include "planner.hpp"
 #include "status.hpp"
 
+#if defined(__SSE2__) || defined(_M_X64) || (defined(_M_IX86_FP) && _M_IX86_FP >= 2)
+#include <emmintrin.h>
+#define GREENMIM_SSE2 1
+#endif
+
 namespace greenmim {
 
 //! A square encoder: stage s has a `(grid >> s)` square token grid, `embed_dim << s` channels
@@ -80,6 +85,86 @@ struct encoder_plan {
 
 namespace detail {
 
+// Fixed-size stores of B (a multiple of 4) int32, as 16-byte vector stores where SSE2 is there
+// (compilers keep the plain loops scalar when the arrays may alias).
+template <int B>
+inline void store_iota(index_t* out, index_t first) {  // out[k] = first + k
+#ifdef GREENMIM_SSE2
+  __m128i v = _mm_add_epi32(_mm_set1_epi32(first), _mm_setr_epi32(0, 1, 2, 3));
+  for (int k = 0; k < B; k += 4) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), v);
+    v = _mm_add_epi32(v, _mm_set1_epi32(4));
+  }
+#else
+  for (int k = 0; k < B; ++k) out[k] = first + k;
+#endif
+}
+template <int B>
+inline void store_iota_first(index_t* out, index_t first, index_t n) {  // out[k] = first + k for k < n only
+#ifdef GREENMIM_SSE2
+  const __m128i nv = _mm_set1_epi32(n);
+  __m128i lane = _mm_setr_epi32(0, 1, 2, 3);
+  const __m128i base = _mm_set1_epi32(first);
+  for (int k = 0; k < B; k += 4) {
+    __m128i* p = reinterpret_cast<__m128i*>(out + k);
+    const __m128i keep = _mm_cmplt_epi32(lane, nv);
+    const __m128i v = _mm_add_epi32(base, lane);
+    _mm_storeu_si128(p, _mm_or_si128(_mm_and_si128(keep, v), _mm_andnot_si128(keep, _mm_loadu_si128(p))));
+    lane = _mm_add_epi32(lane, _mm_set1_epi32(4));
+  }
+#else
+  for (index_t k = 0; k < n; ++k) out[k] = first + k;
+#endif
+}
+template <int B>
+inline void store_fill(index_t* out, index_t value) {
+#ifdef GREENMIM_SSE2
+  const __m128i v = _mm_set1_epi32(value);
+  for (int k = 0; k < B; k += 4) _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), v);
+#else
+  for (int k = 0; k < B; ++k) out[k] = value;
+#endif
+}
+template <int B>
+inline void store_or(index_t* out, index_t bits, const index_t* in) {  // out[k] = bits | in[k]
+#ifdef GREENMIM_SSE2
+  const __m128i v = _mm_set1_epi32(bits);
+  for (int k = 0; k < B; k += 4)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k),
+                     _mm_or_si128(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k))));
+#else
+  for (int k = 0; k < B; ++k) out[k] = bits | in[k];
+#endif
+}
+
+
+//! Plans the window sizes `sizes` (nw windows of geometry `g`) into `groups` and fills every
+//! field of `out` but the arena ranges. Shared by the partitioners below.
+inline status plan_windows(const window_geometry& g, const std::vector<index_t>& sizes, index_t nw,
+                           planner<flops_cost>& pl, const encoder_plan_options& opt, plan& groups,
+                           encoder_partition& out) {
+  planner_options po;
+  po.strat = opt.strat;
+  po.group_size = opt.window_area_groups ? g.window * g.window : opt.group_size;
+  po.max_group_size = opt.max_group_size;
+  const bool sweeps = (opt.strat == strategy::fast || opt.strat == strategy::paper) && po.group_size == 0;
+  if (po.max_group_size == 0 && opt.stage_cap && sweeps) po.max_group_size = opt.stage_cap(g.window);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (status e = pl.run(span<const index_t>(sizes), po, groups); e != status::success) return e;
+  out.plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  const index_t G = groups.group_size, ng = groups.num_groups();
+  if (static_cast<std::int64_t>(ng) * G > (std::int64_t{1} << 30)) return status::overflow;
+  out.group_size = G;
+  out.num_groups = ng;
+  out.num_windows = nw;
+  out.window = g.window;
+  out.shift = g.shift;
+  out.budget_exhausted = groups.budget_exhausted;
+  out.cost = groups.cost;
+  out.lower_bound = groups.lower_bound;
+  return status::success;
+}
+
 //! One partition of an encoder plan (a stage and shift of Swin, a stage of Twins' LSA), built
 //! without the general builders' per-call validation: the token lists it gets are valid by
 //! construction. `build` sorts the tokens into windows (a counting sort by window id) and runs the
@@ -124,26 +209,7 @@ class window_partitioner {
     tokens_.resize(static_cast<size_t>(N));
     for (index_t t = 0; t < N; ++t) tokens_[static_cast<size_t>(sc.cursor[static_cast<size_t>(sc.wid[static_cast<size_t>(t)])]++)] = t;
 
-    planner_options po;
-    po.strat = opt.strat;
-    po.group_size = opt.window_area_groups ? g.window * g.window : opt.group_size;
-    po.max_group_size = opt.max_group_size;
-    const bool sweeps = (opt.strat == strategy::fast || opt.strat == strategy::paper) && po.group_size == 0;
-    if (po.max_group_size == 0 && opt.stage_cap && sweeps) po.max_group_size = opt.stage_cap(g.window);
-    const auto t0 = std::chrono::steady_clock::now();
-    if (status e = pl.run(span<const index_t>(sc.sizes), po, groups_); e != status::success) return e;
-    out.plan_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    const index_t G = groups_.group_size, ng = groups_.num_groups();
-    if (static_cast<std::int64_t>(ng) * G > (std::int64_t{1} << 30)) return status::overflow;
-    out.group_size = G;
-    out.num_groups = ng;
-    out.num_windows = nw;
-    out.window = g.window;
-    out.shift = g.shift;
-    out.budget_exhausted = groups_.budget_exhausted;
-    out.cost = groups_.cost;
-    out.lower_bound = groups_.lower_bound;
-    return status::success;
+    return plan_windows(g, sc.sizes, nw, pl, opt, groups_, out);
   }
 
   //! Slots of the last build (num_groups * group_size).
@@ -180,6 +246,151 @@ class window_partitioner {
 
  private:
   std::vector<index_t> offsets_, tokens_;  // windows in CSR form, tokens ascending within one
+  greenmim::plan groups_;
+};
+
+//! The visible tokens of one stage as rows (encoder_planner's scan): row r = b*H + h of sample b
+//! holds tokens [row_start[r], row_start[r+1]) at the columns of its pattern row_pat[r], the
+//! ascending list pat_cols[pat_start[q] .. pat_start[q+1]) (the visible columns of a mask row).
+//! Rows whose mask row (mask_row[h]) is the same share a pattern.
+struct token_rows {
+  index_t M = 0, H = 0, num_patterns = 0;
+  const index_t* row_start = nullptr;  //!< [M*H + 1]
+  const index_t* row_base = nullptr;   //!< [M*H]: row_start[r] - pat_start[row_pat[r]]
+  const index_t* row_pat = nullptr;    //!< [M*H]
+  const index_t* mask_row = nullptr;   //!< [H]
+  const index_t* pat_start = nullptr;  //!< [num_patterns + 1]
+  const index_t* pat_cols = nullptr;   //!< readable 16 entries past pat_start[num_patterns]
+};
+
+//! A partition of the tokens of `token_rows` into windows, the same arrays as window_partitioner
+//! (bit for bit), without sorting tokens. Rows split into bands (rows of one window row and one
+//! mask row: one pattern per sample); a band's tokens in window column wc are a block, the same
+//! run of its pattern on each row (pattern positions seg_[q][wc] .. seg_[q][wc+1], consecutive
+//! token ids on a row). `build` sums block sizes into window sizes and plans; `write` walks each
+//! group's windows band by band and writes whole runs.
+class row_partitioner {
+ public:
+  status build(const window_geometry& g, const token_rows& tr, planner<flops_cost>& pl,
+               const encoder_plan_options& opt, std::vector<index_t>& sizes, encoder_partition& out) {
+    H_ = g.height;
+    p_ = g.window;
+    off_ = g.offset();
+    nww_ = g.windows_w();
+    nwps_ = g.num_windows();
+    const std::int64_t nw64 = static_cast<std::int64_t>(tr.M) * nwps_;
+    if (nw64 > (std::int64_t{1} << 30)) return status::overflow;
+    const index_t nw = static_cast<index_t>(nw64), stride = nww_ + 1;
+    // bands: [band_[i], band_[i+1]) rows, window row wr's bands are band_first_[wr] .. band_first_[wr+1]
+    band_.clear();
+    band_first_.assign(static_cast<size_t>(g.windows_h()) + 1, 0);
+    for (index_t h = 0; h < H_; ++h) {
+      const bool window_start = h == 0 || (h + off_) % p_ == 0;
+      if (window_start || tr.mask_row[h] != tr.mask_row[h - 1]) band_.push_back(h);
+      if (window_start) band_first_[static_cast<size_t>((h + off_) / p_)] = static_cast<index_t>(band_.size()) - 1;
+    }
+    band_first_.back() = static_cast<index_t>(band_.size());
+    band_.push_back(H_);
+    // seg_[q * stride + wc]: index in pat_cols of pattern q's first column in window column wc or later
+    seg_.resize(static_cast<size_t>(tr.num_patterns) * static_cast<size_t>(stride));
+    for (index_t q = 0; q < tr.num_patterns; ++q) {
+      const index_t* c = tr.pat_cols + tr.pat_start[q];
+      const index_t L = tr.pat_start[q + 1] - tr.pat_start[q];
+      index_t* sg = seg_.data() + static_cast<size_t>(q) * static_cast<size_t>(stride);
+      index_t k = 0;
+      sg[0] = tr.pat_start[q];
+      for (index_t wc = 0; wc < nww_; ++wc) {
+        const index_t lim = (wc + 1) * p_ - off_;
+        while (k < L && c[k] < lim) ++k;
+        sg[wc + 1] = tr.pat_start[q] + k;
+      }
+    }
+    sizes.assign(static_cast<size_t>(nw), 0);
+    win_b_.resize(static_cast<size_t>(nw));
+    for (index_t b = 0; b < tr.M; ++b) {
+      std::fill_n(win_b_.data() + static_cast<size_t>(b) * nwps_, nwps_, b);
+      for (size_t i = 0; i + 1 < band_.size(); ++i) {
+        const index_t h = band_[i], rows = band_[i + 1] - h;
+        const index_t* sg = seg_.data() + static_cast<size_t>(tr.row_pat[b * H_ + h]) * static_cast<size_t>(stride);
+        if (sg[nww_] == sg[0]) continue;
+        index_t* sz = sizes.data() + static_cast<size_t>(b) * nwps_ + static_cast<size_t>((h + off_) / p_) * nww_;
+        for (index_t wc = 0; wc < nww_; ++wc) sz[wc] += rows * (sg[wc + 1] - sg[wc]);
+      }
+    }
+    return plan_windows(g, sizes, nw, pl, opt, groups_, out);
+  }
+
+  std::int64_t slots() const { return static_cast<std::int64_t>(groups_.num_groups()) * groups_.group_size; }
+
+  //! window_partitioner::write's arrays: group g's windows in plan order, each window's tokens
+  //! ascending (its rows top to bottom, a row's run left to right), padding at the end. A run is
+  //! at most p tokens: with p <= 16 its gather, slot_window and slot_coord entries are written as
+  //! a fixed block of 8 or 16 (vector stores, no data-dependent branch: entries past the run are
+  //! overwritten by the next run or the group's padding), its scatter entries as a masked block
+  //! (the entries past the run keep their value: other windows' tokens, written before or after).
+  //! Blocks that could pass the end of an array go one entry at a time.
+  void write(const token_rows& tr, const encoder_partition& o, index_t* arena) const {
+    index_t* gather = arena + o.gather.offset;
+    index_t* scatter = arena + o.scatter.offset;
+    index_t* slot_window = arena + o.slot_window.offset;
+    index_t* slot_coord = arena + o.slot_coord.offset;
+    const index_t stride = nww_ + 1, G = o.group_size;
+    const index_t block = p_ <= 8 ? 8 : p_ <= 16 ? 16 : 0;  // 0: runs go one by one
+    const std::int64_t limit = static_cast<std::int64_t>(o.num_groups) * G - block;
+    const std::int64_t last = static_cast<std::int64_t>(tr.row_start[static_cast<size_t>(tr.M) * H_]) - block;
+    for (index_t gi = 0; gi < o.num_groups; ++gi) {
+      const index_t first = gi * G, end = first + G;
+      index_t slot = first;
+      for (index_t w : groups_.group(gi)) {
+        const index_t b = win_b_[static_cast<size_t>(w)], j = w - b * nwps_, wr = j / nww_, wc = j - wr * nww_;
+        const index_t* rb = tr.row_base + static_cast<size_t>(b) * H_;
+        const index_t* rp = tr.row_pat + static_cast<size_t>(b) * H_;
+        for (index_t i = band_first_[static_cast<size_t>(wr)]; i < band_first_[static_cast<size_t>(wr) + 1]; ++i) {
+          const index_t h0 = band_[static_cast<size_t>(i)], h1 = band_[static_cast<size_t>(i) + 1];
+          const index_t* sg = seg_.data() + static_cast<size_t>(rp[h0]) * static_cast<size_t>(stride) + wc;
+          const index_t a = sg[0], n = sg[1] - a;
+          if (n == 0) continue;
+          const index_t* cols = tr.pat_cols + a;
+          for (index_t h = h0; h < h1; ++h) {
+            const index_t t0 = rb[h] + a, hb = pack_coord(h, 0);
+            if (block == 8 && slot <= limit && t0 <= last) {
+              put_run<8>(gather + slot, slot_window + slot, slot_coord + slot, t0, w, hb, cols);
+              store_iota_first<8>(scatter + t0, slot, n);
+            } else if (block == 16 && slot <= limit && t0 <= last) {
+              put_run<16>(gather + slot, slot_window + slot, slot_coord + slot, t0, w, hb, cols);
+              store_iota_first<16>(scatter + t0, slot, n);
+            } else {
+              for (index_t k = 0; k < n; ++k) {
+                gather[slot + k] = t0 + k;
+                scatter[t0 + k] = slot + k;
+                slot_window[slot + k] = w;
+                slot_coord[slot + k] = hb | cols[k];
+              }
+            }
+            slot += n;
+          }
+        }
+      }
+      std::fill(gather + slot, gather + end, pad_index);
+      std::fill(slot_window + slot, slot_window + end, pad_index);
+      std::fill(slot_coord + slot, slot_coord + end, index_t{0});
+    }
+  }
+
+ private:
+  //! B entries of a run starting at token t0 of window w, row bits hb, columns `cols`.
+  template <int B>
+  static void put_run(index_t* gather, index_t* slot_window, index_t* slot_coord, index_t t0, index_t w, index_t hb,
+                      const index_t* cols) {
+    store_iota<B>(gather, t0);
+    store_fill<B>(slot_window, w);
+    store_or<B>(slot_coord, hb, cols);
+  }
+
+  index_t H_ = 0, p_ = 1, off_ = 0, nww_ = 1, nwps_ = 1;
+  std::vector<index_t> band_, band_first_;  //!< bands of rows, by window row
+  std::vector<index_t> seg_;                //!< per pattern and window column: index in pat_cols
+  std::vector<index_t> win_b_;              //!< sample of each window
   greenmim::plan groups_;
 };
 
@@ -237,8 +448,8 @@ class encoder_planner {
           o.part[1] = o.part[0];
           continue;
         }
-        detail::window_partitioner& wp = x.part[k];
-        const status e = wp.build(g, M_, x.coords.data(), x.cu.data(), planners_[s], opt, scratch_, o.part[k]);
+        detail::row_partitioner& wp = x.part[k];
+        const status e = wp.build(g, rows(x), planners_[s], opt, scratch_.sizes, o.part[k]);
         if (e != status::success) return e;
         o.part[k].gather = take(wp.slots());
         o.part[k].scatter = take(x.n);
@@ -249,8 +460,8 @@ class encoder_planner {
       if (per_sample) o.cu_seqlens = take(static_cast<std::int64_t>(M_) + 1);
       if (s + 1 < S) {
         scan(static_cast<index_t>(s + 1), st_[s + 1]);
-        if (status e = merge(o.height, x, st_[s + 1]); e != status::success) return e;
-        o.merge = take(static_cast<std::int64_t>(x.g4.size()));
+        if (status e = merge(static_cast<index_t>(s), o.height, x, st_[s + 1]); e != status::success) return e;
+        o.merge = take(4 * static_cast<std::int64_t>(st_[s + 1].n));
       } else {
         o.unit_rank = take(static_cast<std::int64_t>(M_) * o.height * o.width);
       }
@@ -271,15 +482,23 @@ class encoder_planner {
     for (size_t s = 0; s < layout_.stages.size(); ++s) {
       const stage_state& x = st_[s];
       const encoder_stage& o = layout_.stages[s];
-      for (int k = 0; k < (x.shared_shift ? 1 : 2); ++k) x.part[k].write(x.coords.data(), o.part[k], arena);
+      const detail::token_rows tr = rows(x);
+      for (int k = 0; k < (x.shared_shift ? 1 : 2); ++k) x.part[k].write(tr, o.part[k], arena);
       index_t* p = arena + o.position.offset;
       for (index_t b = 0; b < M_; ++b) {
         const index_t base = per_sample_ ? b * o.height * o.width : 0;
-        for (index_t t = x.cu[static_cast<size_t>(b)]; t < x.cu[static_cast<size_t>(b) + 1]; ++t)
-          p[t] = base + coord_h(x.coords[static_cast<size_t>(t)]) * o.width + coord_w(x.coords[static_cast<size_t>(t)]);
+        for (index_t h = 0; h < o.height; ++h) {
+          const index_t r = b * o.height + h, t0 = x.row_start[static_cast<size_t>(r)];
+          const index_t* c = x.pat_cols.data() + x.pat_start[static_cast<size_t>(x.row_pat[static_cast<size_t>(r)])];
+          const index_t L = x.row_start[static_cast<size_t>(r) + 1] - t0, v = base + h * o.width;
+          for (index_t i = 0; i < L; ++i) p[t0 + i] = v + c[i];
+        }
       }
       if (per_sample_) copy(x.cu, arena + o.cu_seqlens.offset);
-      if (o.merge.size) copy(x.g4, arena + o.merge.offset);
+      if (o.merge.size) {
+        if (x.block_merge) write_block_merge(o.height, x, st_[s + 1], arena + o.merge.offset);
+        else copy(x.g4, arena + o.merge.offset);
+      }
       if (o.unit_rank.size) write_unit_ranks(static_cast<index_t>(s), arena + o.unit_rank.offset);
     }
     return status::success;
@@ -298,11 +517,29 @@ class encoder_planner {
 
  private:
   struct stage_state {
-    std::vector<index_t> coords, cu, g4;  //!< visible tokens (packed, row-major per sample; the first n), merge
-    index_t n = 0;
-    detail::window_partitioner part[2];   //!< plain and shifted windows
+    std::vector<index_t> cu;  //!< per-sample token offsets
+    //! the tokens as rows of patterns (detail::token_rows): row b*H + h
+    std::vector<index_t> row_start, row_base, row_pat, mask_row, pat_start, pat_cols;
+    std::vector<index_t> coords, g4;  //!< the general merge only: tokens (packed, row-major per sample), merge
+    index_t n = 0, H = 0;
+    detail::row_partitioner part[2];  //!< plain and shifted windows
     bool shared_shift = false;
+    bool block_merge = false;  //!< mask cells cover whole 2x2 blocks: the merge is written from rows (no g4)
   };
+
+  detail::token_rows rows(const stage_state& x) const {
+    detail::token_rows r;
+    r.M = M_;
+    r.H = x.H;
+    r.num_patterns = static_cast<index_t>(x.pat_start.size()) - 1;
+    r.row_start = x.row_start.data();
+    r.row_base = x.row_base.data();
+    r.row_pat = x.row_pat.data();
+    r.mask_row = x.mask_row.data();
+    r.pat_start = x.pat_start.data();
+    r.pat_cols = x.pat_cols.data();
+    return r;
+  }
 
   static status check(span<const std::uint8_t> mask, index_t M, index_t mh, index_t mw, bool per_sample,
                       const encoder_geometry& geo) {
@@ -328,8 +565,10 @@ class encoder_planner {
     if (!v.empty()) std::memcpy(dst, v.data(), v.size() * sizeof(index_t));
   }
 
-  //! Visible tokens of stage s into x.coords / x.cu. A row of tokens is scanned as runs of
-  //! columns that share one mask cell (8 at stage 1 for 32 px units and 4 px patches).
+  //! Visible tokens of stage s as rows (x.row_*, x.pat_*, x.mask_row; x.cu, x.n). A pattern is
+  //! the visible token columns of a mask row, found by scanning it as runs of columns that share
+  //! one mask cell (8 at stage 1 for 32 px units and 4 px patches); mask rows with the same cells
+  //! share one (up to 12 mask columns), and a token row takes its mask row's.
   void scan(index_t s, stage_state& x) {
     const index_t H = grid_ >> s, fh = grid_ / mh_, fw = grid_ / mw_;
     runs_.clear();  // (mask column, first token column, end)
@@ -338,27 +577,82 @@ class encoder_planner {
       if (runs_.empty() || runs_[runs_.size() - 3] != c) runs_.insert(runs_.end(), {c, w, w + 1});
       else runs_.back() = w + 1;
     }
-    const size_t cap = static_cast<size_t>(M_) * H * H;
-    if (x.coords.size() < cap) x.coords.resize(cap);  // grows only: a warm planner writes in place
-    index_t* out = x.coords.data();
-    x.cu.assign(static_cast<size_t>(M_) + 1, 0);
-    for (index_t b = 0; b < M_; ++b) {
-      const std::uint8_t* m = mask_ + static_cast<std::int64_t>(b) * mh_ * mw_;
-      for (index_t h = 0; h < H; ++h) {
-        const std::uint8_t* row = m + static_cast<std::int64_t>((h << s) / fh) * mw_;
-        for (size_t r = 0; r < runs_.size(); r += 3)
-          if (row[runs_[r]])
-            for (index_t w = runs_[r + 1]; w < runs_[r + 2]; ++w) *out++ = pack_coord(h, w);
+    const size_t num_rows = static_cast<size_t>(M_) * mh_;
+    const bool intern = mw_ <= 12;
+    if (intern) pattern_of_bits_.assign(size_t{1} << mw_, -1);
+    mask_row_pat_.resize(num_rows);
+    x.pat_start.clear();
+    index_t k = 0;
+    for (size_t q = 0; q < num_rows; ++q) {
+      const std::uint8_t* row = mask_ + static_cast<std::int64_t>(q) * mw_;
+      index_t* slot = nullptr;
+      if (intern) {
+        unsigned bits = 0;
+        for (index_t c = 0; c < mw_; ++c) bits |= (row[c] != 0 ? 1u : 0u) << c;
+        slot = &pattern_of_bits_[bits];
+        if (*slot >= 0) {
+          mask_row_pat_[q] = *slot;
+          continue;
+        }
       }
-      x.cu[static_cast<size_t>(b) + 1] = static_cast<index_t>(out - x.coords.data());
+      const index_t id = static_cast<index_t>(x.pat_start.size());
+      if (slot) *slot = id;
+      mask_row_pat_[q] = id;
+      x.pat_start.push_back(k);
+      if (x.pat_cols.size() < static_cast<size_t>(k) + H + 16) x.pat_cols.resize(2 * (static_cast<size_t>(k) + H + 16));
+      index_t* cols = x.pat_cols.data();
+      for (size_t r = 0; r < runs_.size(); r += 3)
+        if (row[runs_[r]])
+          for (index_t w = runs_[r + 1]; w < runs_[r + 2]; ++w) cols[k++] = w;
     }
-    x.n = x.cu.back();
+    x.pat_start.push_back(k);  // pat_cols stays readable 16 entries past k (row_partitioner::write)
+    x.mask_row.resize(static_cast<size_t>(H));
+    for (index_t h = 0; h < H; ++h) x.mask_row[static_cast<size_t>(h)] = (h << s) / fh;
+    x.H = H;
+    x.row_start.resize(static_cast<size_t>(M_) * H + 1);
+    x.row_pat.resize(static_cast<size_t>(M_) * H);
+    x.row_base.resize(static_cast<size_t>(M_) * H);
+    x.cu.resize(static_cast<size_t>(M_) + 1);
+    x.cu[0] = 0;
+    index_t t = 0;
+    for (index_t b = 0; b < M_; ++b) {
+      for (index_t h = 0; h < H; ++h) {
+        const size_t r = static_cast<size_t>(b) * H + h;
+        const index_t q = mask_row_pat_[static_cast<size_t>(b) * mh_ + x.mask_row[static_cast<size_t>(h)]];
+        const index_t first = x.pat_start[static_cast<size_t>(q)];
+        x.row_start[r] = t;
+        x.row_base[r] = t - first;
+        x.row_pat[r] = q;
+        t += x.pat_start[static_cast<size_t>(q) + 1] - first;
+      }
+      x.cu[static_cast<size_t>(b) + 1] = t;
+    }
+    x.row_start[static_cast<size_t>(M_) * H] = t;
+    x.n = t;
   }
 
-  //! Patch merging of stage x into stage y (merging.hpp's order: (0,0), (1,0), (0,1), (1,1)).
-  //! A 2x2 block must be all visible or all masked.
-  status merge(index_t H, stage_state& x, const stage_state& y) {
+  //! x.coords from x's rows (only the general merge needs them).
+  static void fill_coords(stage_state& x) {
+    x.coords.resize(static_cast<size_t>(x.n));
+    const size_t rows = x.row_pat.size();
+    for (size_t r = 0; r < rows; ++r) {
+      const index_t h = static_cast<index_t>(r % static_cast<size_t>(x.H));
+      const index_t* c = x.pat_cols.data() + x.pat_start[static_cast<size_t>(x.row_pat[r])];
+      for (index_t t = x.row_start[r]; t < x.row_start[r + 1]; ++t) x.coords[static_cast<size_t>(t)] = pack_coord(h, *c++);
+    }
+  }
+
+  //! Patch merging of stage s (x) into stage s + 1 (y) (merging.hpp's order: (0,0), (1,0), (0,1),
+  //! (1,1)). A 2x2 block must be all visible or all masked. When mask cells are a whole number of
+  //! 2x2 blocks of stage s (fh and fw multiples of 2^(s+1)), every block is, and write computes
+  //! the indices from the rows (write_block_merge); otherwise they are checked and built here.
+  status merge(index_t s, index_t H, stage_state& x, stage_state& y) {
     if (H % 2) return status::invalid_argument;
+    const index_t block = index_t{2} << s;
+    x.block_merge = (grid_ / mh_) % block == 0 && (grid_ / mw_) % block == 0;
+    if (x.block_merge) return status::success;
+    fill_coords(x);
+    fill_coords(y);
     index_of_.assign(static_cast<size_t>(H) * H, pad_index);  // stage-x token of each cell, one sample at a time
     x.g4.resize(4 * static_cast<size_t>(y.n));
     index_t* g4 = x.g4.data();
@@ -380,6 +674,26 @@ class encoder_planner {
     return status::success;
   }
 
+  //! merge's indices when mask cells cover whole 2x2 blocks: the stage-(s+1) token at position i
+  //! of row h' covers columns 2i, 2i+1 of stage-s rows 2h' and 2h' + 1 (their patterns are its
+  //! pattern with every column doubled).
+  void write_block_merge(index_t H, const stage_state& x, const stage_state& y, index_t* g4) const {
+    const index_t Hy = H / 2;
+    for (index_t b = 0; b < M_; ++b)
+      for (index_t h = 0; h < Hy; ++h) {
+        const size_t ry = static_cast<size_t>(b) * Hy + h, rx = static_cast<size_t>(b) * H + 2 * h;
+        const index_t u0 = y.row_start[ry], L = y.row_start[ry + 1] - u0;
+        const index_t a = x.row_start[rx], c = x.row_start[rx + 1];
+        index_t* o = g4 + 4 * static_cast<std::int64_t>(u0);
+        for (index_t i = 0; i < L; ++i) {
+          o[4 * i] = a + 2 * i;
+          o[4 * i + 1] = c + 2 * i;
+          o[4 * i + 2] = a + 2 * i + 1;
+          o[4 * i + 3] = c + 2 * i + 1;
+        }
+      }
+  }
+
   void write_unit_ranks(index_t s, index_t* p) const {
     const index_t H = grid_ >> s, fh = grid_ / mh_, fw = grid_ / mw_;
     for (index_t b = 0; b < M_; ++b) {
@@ -398,7 +712,7 @@ class encoder_planner {
   encoder_plan layout_;
   std::vector<stage_state> st_;
   std::vector<planner<flops_cost>> planners_;
-  std::vector<index_t> runs_, index_of_;
+  std::vector<index_t> runs_, index_of_, pattern_of_bits_, mask_row_pat_;
   detail::window_partitioner::scratch scratch_;
 };
 
