@@ -71,7 +71,104 @@ def drop_path_rates(drop_path_rate: float, depths) -> list:
     return out
 
 
+class _GeluLinear(torch.autograd.Function):
+    """``linear(gelu(h1), weight, bias)`` that saves ``h1`` only and recomputes the GELU in the
+    backward: the MLP's widest activation (4C per token) is not kept twice (GELU keeps its input,
+    the linear its input). Under autocast it casts as autocast does (GELU in h1's type, the linear
+    in the autocast type, the weight's cast kept for the backward as autocast's linear keeps it),
+    and the backward does what autograd does for the plain expression: the GEMMs in the forward's
+    compute type, gradients cast back to the parameters' type."""
+
+    @staticmethod
+    def forward(ctx, h1: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        dev = h1.device.type
+        ct = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        ctx.types = (weight.dtype, None if bias is None else bias.dtype)
+        with torch.autocast(dev, enabled=False):
+            h = F.gelu(h1)
+            w = weight if ct is None else weight.to(ct)
+            b = bias if ct is None or bias is None else bias.to(ct)
+            y = F.linear(h if ct is None else h.to(ct), w, b)
+        ctx.cast = ct
+        ctx.save_for_backward(h1, w)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        h1, w = ctx.saved_tensors
+        need_h1, need_w, need_b = ctx.needs_input_grad
+        w_type, b_type = ctx.types
+        h = F.gelu(h1)
+        hc = h if ctx.cast is None else h.to(ctx.cast)                   # the linear's input
+        dy2, hc2 = dy.reshape(-1, dy.shape[-1]), hc.reshape(-1, hc.shape[-1])
+        dw = (dy2.t() @ hc2).to(w_type) if need_w else None
+        db = dy2.sum(0).to(b_type) if b_type is not None and need_b else None
+        # GELU's own backward (autograd's kernel; no autograd calls here, so torch.compile traces it)
+        dh1 = torch.ops.aten.gelu_backward((dy @ w).to(h.dtype), h1, approximate="none") if need_h1 else None
+        return dh1, dw, db
+
+
+class _NormLinear(torch.autograd.Function):
+    """``linear(layer_norm(x), weight, bias)`` that saves ``x`` (which the residual stream keeps
+    anyway) and recomputes the norm in the backward: the norm's output is not kept for the
+    linear. The recompute runs under the forward's autocast state, so it is the forward's norm;
+    the rest is autograd's arithmetic for the plain expression, as in ``_GeluLinear``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, ln_w: Optional[Tensor], ln_b: Optional[Tensor], weight: Tensor,
+                bias: Optional[Tensor], eps: float) -> Tensor:
+        dev = x.device.type
+        ct = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        y = F.layer_norm(x, x.shape[-1:], ln_w, ln_b, eps)            # under the ambient autocast
+        with torch.autocast(dev, enabled=False):
+            w = weight if ct is None else weight.to(ct)
+            b = bias if ct is None or bias is None else bias.to(ct)
+            out = F.linear(y if ct is None else y.to(ct), w, b)
+        ctx.cast, ctx.eps, ctx.norm_type = ct, eps, y.dtype   # the norm ran in y's type (autocast's choice)
+        ctx.types = (weight.dtype, None if bias is None else bias.dtype)
+        ctx.save_for_backward(x, ln_w, ln_b, w)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        x, ln_w, ln_b, w = ctx.saved_tensors
+        need_x, need_lw, need_lb, need_w, need_b, _ = ctx.needs_input_grad
+        nt, shape = ctx.norm_type, x.shape[-1:]
+        # the forward's norm again, in the type it ran in (as autocast cast its inputs), with the
+        # statistics its backward needs: aten's kernels, as autograd runs them (traceable)
+        xn = x.to(nt)
+        lw = ln_w.to(nt) if ln_w is not None else None
+        lb = ln_b.to(nt) if ln_b is not None else None
+        y, mean, rstd = torch.ops.aten.native_layer_norm(xn, shape, lw, lb, ctx.eps)
+        yc = y if ctx.cast is None else y.to(ctx.cast)                  # the linear's input
+        dy2, yc2 = dy.reshape(-1, dy.shape[-1]), yc.reshape(-1, yc.shape[-1])
+        w_type, b_type = ctx.types
+        dw = (dy2.t() @ yc2).to(w_type) if need_w else None
+        db = dy2.sum(0).to(b_type) if b_type is not None and need_b else None
+        dx = dlw = dlb = None
+        if need_x or need_lw or need_lb:
+            mask = [need_x, need_lw and lw is not None, need_lb and lb is not None]
+            gx, gw, gb = torch.ops.aten.native_layer_norm_backward((dy @ w).to(nt), xn, shape, mean, rstd, lw, lb, mask)
+            dx = gx.to(x.dtype) if mask[0] else None
+            dlw = gw.to(ln_w.dtype) if mask[1] else None
+            dlb = gb.to(ln_b.dtype) if mask[2] else None
+        return dx, dlw, dlb, dw, db, None
+
+
+def norm_linear(x: Tensor, norm: nn.Module, linear: nn.Linear) -> Tensor:
+    """``linear(norm(x))``; in training with a plain LayerNorm, without keeping the norm's output
+    for the backward (``_NormLinear``)."""
+    if (torch.is_grad_enabled() and type(norm) is nn.LayerNorm and len(norm.normalized_shape) == 1
+            and x.requires_grad):
+        return _NormLinear.apply(x, norm.weight, norm.bias, linear.weight, linear.bias, norm.eps)
+    return linear(norm(x))
+
+
 class Mlp(nn.Module):
+    """timm's Mlp (fc1, GELU, fc2, dropouts). In training with no dropout between the GELU and fc2,
+    fc2 runs through ``_GeluLinear``: the GELU's output is recomputed in the backward instead of
+    being kept (bench/activation_memory.py: about a quarter of a Swin block's saved activations)."""
+
     def __init__(self, dim: int, hidden: int, drop: float = 0.0):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
@@ -79,9 +176,15 @@ class Mlp(nn.Module):
         self.drop1 = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden, dim)
         self.drop2 = nn.Dropout(drop)
+        self.recompute_act = True
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+    def forward(self, x: Tensor, norm: Optional[nn.Module] = None) -> Tensor:
+        """``mlp(x)``, or ``mlp(norm(x))`` with the norm's output recomputed in the backward."""
+        h1 = self.fc1(x) if norm is None else norm_linear(x, norm, self.fc1)
+        if (self.recompute_act and torch.is_grad_enabled() and (not self.training or self.drop1.p == 0)
+                and type(self.act) is nn.GELU and self.act.approximate == "none"):
+            return self.drop2(_GeluLinear.apply(h1, self.fc2.weight, self.fc2.bias))
+        return self.drop2(self.fc2(self.drop1(self.act(h1))))
 
 
 class PatchEmbed(nn.Module):

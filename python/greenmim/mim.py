@@ -79,7 +79,7 @@ class DecoderBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        return x + self.mlp(x, norm=self.norm2)
 
 
 def patchify(imgs: Tensor, p: int) -> Tensor:

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ._lib import GreenmimError
 from .indices import MaskPlan, StagePartition, StagePlan, window_geometry
-from .layers import (ATTN_IMPLS, ClassifierHead, DropPath, Mlp, PatchEmbed, check_attn_impl, drop_path,
+from .layers import (ATTN_IMPLS, ClassifierHead, DropPath, Mlp, PatchEmbed, check_attn_impl, drop_path, norm_linear,
                      drop_path_rates, forward_stages, init_linear, plan_for)
 from .ops import group_window_attention_packed
 from .released import released_group_attention
@@ -50,11 +50,13 @@ class GroupWindowAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
-    def forward(self, x: Tensor, part: StagePartition) -> Tensor:
+    def forward(self, x: Tensor, part: StagePartition, norm: Optional[nn.Module] = None) -> Tensor:
+        """``attn(x)``, or ``attn(norm(x))`` with the norm's output recomputed in the backward."""
         B, N, _ = x.shape
         if part.window != self.window_size:
             raise GreenmimError(f"greenmim: partition of window {part.window}, layer has window {self.window_size}")
-        qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim)
+        qkv = (self.qkv(x) if norm is None else norm_linear(x, norm, self.qkv)).view(B, N, 3, self.num_heads,
+                                                                                    self.head_dim)
         if self.attn_impl == "greenmim":
             o = group_window_attention_packed(qkv, self.relative_position_bias_table, part, scale=self.scale)
         else:
@@ -80,8 +82,8 @@ class SwinTransformerBlock(nn.Module):
 
     def forward(self, x: Tensor, stage: StagePlan, sample_of_token: Optional[Tensor] = None) -> Tensor:
         part = stage.partitions[1 if self.shifted else 0]
-        x = x + self.drop_path1(self.attn(self.norm1(x), part), sample_of_token)
-        return x + self.drop_path2(self.mlp(self.norm2(x)), sample_of_token)
+        x = x + self.drop_path1(self.attn(x, part, norm=self.norm1), sample_of_token)
+        return x + self.drop_path2(self.mlp(x, norm=self.norm2), sample_of_token)
 
 
 class PatchMerging(nn.Module):

@@ -153,7 +153,7 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, stage: TwinsStagePlan, sample_of_token: Optional[Tensor] = None) -> Tensor:
         x = x + self.drop_path1(self.attn(self.norm1(x), stage), sample_of_token)
-        return x + self.drop_path2(self.mlp(self.norm2(x)), sample_of_token)
+        return x + self.drop_path2(self.mlp(x, norm=self.norm2), sample_of_token)
 
 
 class PosConv(nn.Module):

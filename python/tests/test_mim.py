@@ -320,3 +320,78 @@ def test_a_plan_on_another_device_is_refused_by_the_model():
         for method in (enc.forward_features, enc):
             with pytest.raises(GreenmimError, match="the plan is on meta, the images on cpu"):
                 method(x, enc.plan(greenmim.random_masks(grid=enc.img_size // 32), device="meta"))
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_mlp_recomputes_its_gelu_and_takes_the_plain_paths_gradients(autocast):
+    """The MLP keeps fc1's output only (its GELU is recomputed in the backward): the same output and
+    gradients as fc1 -> GELU -> fc2 through autograd, in float32 and under bf16 autocast, and a
+    quarter-ish less saved for the backward (bench/activation_memory.py)."""
+    from greenmim.layers import Mlp
+    torch.manual_seed(0)
+    m = Mlp(24, 96)
+    x0 = torch.randn(3, 10, 24)
+    g = torch.randn(3, 10, 24)
+    got, saved = {}, {}
+    for rec in (True, False):
+        m.recompute_act = rec
+        m.zero_grad()
+        x = x0.clone().requires_grad_(True)
+        seen = {}
+
+        def pack(t):
+            if not isinstance(t, torch.nn.Parameter):
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = m(x)
+        (y.float() * g).sum().backward()
+        saved[rec] = sum(seen.values())
+        got[rec] = [y.detach().float(), x.grad, m.fc1.weight.grad, m.fc1.bias.grad, m.fc2.weight.grad, m.fc2.bias.grad]
+        assert all(t.dtype == torch.float32 for t in got[rec][2:])
+    for a, b in zip(got[True], got[False]):
+        scale = float(b.abs().max())
+        assert float((a - b).abs().max()) <= (2e-2 if autocast else 1e-6) * scale
+    hidden_bytes = 3 * 10 * 96 * (2 if autocast else 4)
+    assert saved[False] - saved[True] >= hidden_bytes      # the GELU's output is not kept
+    m.eval()
+    with torch.no_grad():
+        assert torch.equal(m(x0), m.fc2(m.act(m.fc1(x0))))
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_norm_linear_recomputes_the_norm_and_takes_the_plain_paths_gradients(autocast):
+    """linear(layer_norm(x)) keeping x only: the same output and gradients (x, the norm's and the
+    linear's parameters) as the two modules through autograd, and the norm's output not kept."""
+    from greenmim.layers import norm_linear
+    torch.manual_seed(0)
+    norm, lin = torch.nn.LayerNorm(32), torch.nn.Linear(32, 48)
+    with torch.no_grad():
+        norm.weight.normal_()
+        norm.bias.normal_()
+    x0 = torch.randn(2, 7, 32) * 3 + 1
+    g = torch.randn(2, 7, 48)
+    got, saved = {}, {}
+    for fused in (True, False):
+        for p in (*norm.parameters(), *lin.parameters()):
+            p.grad = None
+        x = x0.clone().requires_grad_(True)
+        seen = {}
+
+        def pack(t):
+            if not isinstance(t, torch.nn.Parameter):
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = norm_linear(x, norm, lin) if fused else lin(norm(x))
+        (y.float() * g).sum().backward()
+        saved[fused] = sum(seen.values())
+        got[fused] = [y.detach().float(), x.grad, norm.weight.grad, norm.bias.grad, lin.weight.grad, lin.bias.grad]
+    for a, b in zip(got[True], got[False]):
+        assert a.dtype == b.dtype
+        assert float((a.float() - b.float()).abs().max()) <= (2e-2 if autocast else 1e-5) * float(b.abs().max())
+    assert saved[True] < saved[False]

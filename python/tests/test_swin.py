@@ -41,10 +41,12 @@ def test_all_visible_per_sample_equals_timm():
 
 
 def _attention_hooks(model, log):
-    def hook(mod, args, out):
+    def hook(mod, args, kwargs, out):
         x, part = args
-        log.append((mod, x.detach(), part, out.detach()))
-    return [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, greenmim.GroupWindowAttention)]
+        norm = kwargs.get("norm")       # blocks hand the residual and norm1 (applied fused in training)
+        log.append((mod, (norm(x) if norm is not None else x).detach(), part, out.detach()))
+    return [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules()
+            if isinstance(m, greenmim.GroupWindowAttention)]
 
 
 @pytest.mark.parametrize("per_sample", [False, True])
