@@ -12,6 +12,7 @@ the scale.
     python bench/op_overhead.py [--reps 1000]
 """
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -27,6 +28,20 @@ class _NullKernels:
 
     def __getattr__(self, name):
         return lambda *args: 0
+
+
+@contextlib.contextmanager
+def null_kernels():
+    """Within it, the emulated kernel library is ``_NullKernels`` (bench/activation_memory.py uses it too)."""
+    real = _lib._libs.get("emu")
+    _lib._libs["emu"] = _NullKernels()
+    try:
+        yield
+    finally:
+        if real is None:
+            _lib._libs.pop("emu", None)
+        else:
+            _lib._libs["emu"] = real
 
 
 def _median_us(fn, reps):
@@ -80,9 +95,7 @@ def main(argv=None) -> int:
             ("partition + attention + unpartition, forward + backward", block_fb),
             ("depthwise 3x3 + block conv, forward", convs),
             ("depthwise 3x3 + block conv, forward + backward", convs_fb)]
-    real = _lib._libs.get("emu")
-    _lib._libs["emu"] = _NullKernels()
-    try:
+    with null_kernels():
         plain = torch.randn(1, N, 32)
         print(f"== host time per call, kernels left out; torch {torch.__version__}, best of 3 medians of {a.reps}")
         print(f"torch.add on the same tiny tensor: {_median_us(lambda: plain + plain, a.reps):.1f} us")
@@ -97,11 +110,6 @@ def main(argv=None) -> int:
                         slow.append(_median_us(fn, a.reps))
                 f, s = min(fast), min(slow)
                 print(f"| {name} | {f:.0f} | {s:.0f} | {100 * (1 - f / s):.0f}% |", flush=True)
-    finally:
-        if real is None:
-            _lib._libs.pop("emu", None)
-        else:
-            _lib._libs["emu"] = real
     return 0
 
 

@@ -322,6 +322,20 @@ def test_a_plan_on_another_device_is_refused_by_the_model():
                 method(x, enc.plan(greenmim.random_masks(grid=enc.img_size // 32), device="meta"))
 
 
+def _saved_bytes(fn):
+    """fn()'s result and the bytes of the storages autograd saved for its backward (parameters aside)."""
+    seen = {}
+
+    def pack(t):
+        if not isinstance(t, torch.nn.Parameter):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(seen.values())
+
+
 @pytest.mark.parametrize("autocast", [False, True])
 def test_mlp_recomputes_its_gelu_and_takes_the_plain_paths_gradients(autocast):
     """The MLP keeps fc1's output only (its GELU is recomputed in the backward): the same output and
@@ -337,18 +351,9 @@ def test_mlp_recomputes_its_gelu_and_takes_the_plain_paths_gradients(autocast):
         m.recompute_act = rec
         m.zero_grad()
         x = x0.clone().requires_grad_(True)
-        seen = {}
-
-        def pack(t):
-            if not isinstance(t, torch.nn.Parameter):
-                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            y = m(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y, saved[rec] = _saved_bytes(lambda: m(x))
         (y.float() * g).sum().backward()
-        saved[rec] = sum(seen.values())
         got[rec] = [y.detach().float(), x.grad, m.fc1.weight.grad, m.fc1.bias.grad, m.fc2.weight.grad, m.fc2.bias.grad]
         assert all(t.dtype == torch.float32 for t in got[rec][2:])
     for a, b in zip(got[True], got[False]):
@@ -378,18 +383,9 @@ def test_norm_linear_recomputes_the_norm_and_takes_the_plain_paths_gradients(aut
         for p in (*norm.parameters(), *lin.parameters()):
             p.grad = None
         x = x0.clone().requires_grad_(True)
-        seen = {}
-
-        def pack(t):
-            if not isinstance(t, torch.nn.Parameter):
-                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            y = norm_linear(x, norm, lin) if fused else lin(norm(x))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y, saved[fused] = _saved_bytes(lambda: norm_linear(x, norm, lin) if fused else lin(norm(x)))
         (y.float() * g).sum().backward()
-        saved[fused] = sum(seen.values())
         got[fused] = [y.detach().float(), x.grad, norm.weight.grad, norm.bias.grad, lin.weight.grad, lin.bias.grad]
     for a, b in zip(got[True], got[False]):
         assert a.dtype == b.dtype

@@ -95,3 +95,18 @@ def test_twins_ops_bench_smoke_on_cpu():
     rows = [l for l in out.stdout.splitlines() if l.startswith("| ") and l[2].isalpha() and "| op |" not in l]
     assert len(rows) == 3 * 6                     # 3 stages x (PEG: copy, masked dense; 2 block convs x 2 peers)
     assert out.stdout.rstrip().endswith("twins_ops: done")
+
+
+def test_activation_memory_counts_what_each_row_keeps():
+    """bench/activation_memory.py on the toy: the visible-token model keeps a fraction of what SimMIM's
+    all-token model keeps per sample (a quarter of the tokens; the memory target's proxy)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, str(ROOT / "bench/activation_memory.py"), "--model", "toy"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {l.split("|")[1].strip(): [c.strip() for c in l.split("|")[2:-1]]
+            for l in out.stdout.splitlines() if l.startswith("| ") and not l.startswith("| row")}
+    assert set(rows) == {"simmim", "greenmim", "per-sample"}
+    per = {r: float(v[2]) for r, v in rows.items()}        # saved per sample, MiB
+    assert 0 < per["greenmim"] < 0.3 * per["simmim"]
+    assert abs(per["per-sample"] - per["greenmim"]) <= 0.1 * per["greenmim"]
