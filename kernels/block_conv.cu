@@ -161,10 +161,12 @@ struct bc_dw_op {
     const int valid = N - col < 8 ? N - col : 8;
     const int bi = m / g.n_next, n = m - bi * g.n_next, j = jbase + col, pc = g.P * g.cin;
     const T* xb = x + bi * x_s0;
-    const int p = j / g.cin, c = j - p * g.cin;
-    if (j + valid <= pc && c + valid <= g.cin) {  // one block position
-      const index_t t = g.token(n, p);
-      return t == pad_index ? zero_chunk() : load8(xb + t * x_s1 + c, valid);
+    if (j + valid <= pc) {  // no ones column in the chunk (and C_in > 0: the division is defined)
+      const int p = j / g.cin, c = j - p * g.cin;
+      if (c + valid <= g.cin) {  // one block position
+        const index_t t = g.token(n, p);
+        return t == pad_index ? zero_chunk() : load8(xb + t * x_s1 + c, valid);
+      }
     }
     uint4 u = zero_chunk();
     for (int e = 0; e < valid; ++e) {

@@ -515,6 +515,44 @@ TEST_CASE("gpu block conv: results do not depend on the activations' alignment o
   }
 }
 
+TEST_CASE("gpu block conv: no input channels (the dbias column alone)") {
+  GM_SKIP_WITHOUT_DEVICE();
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed << " (GM_TEST_SEED)");
+  std::mt19937_64 rng(seed);
+  const auto c = unit_mask_coords(rng, 16, 4, 0.5);
+  const std::vector<index_t> cu{0, static_cast<index_t>(c.size())};
+  greenmim::block_table bt;
+  greenmim::check(greenmim::build_block_table_per_sample(16, 16, 4, span<const index_t>(cu), span<const index_t>(c), bt));
+  const std::int64_t B = 3, N = bt.num_inputs, Nn = bt.num_outputs(), Co = 5;
+  for (gm_dtype dt : {GM_FLOAT32, GM_FLOAT16, GM_BFLOAT16}) {  // a fuzzer found the 16-bit path dividing by C_in
+    INFO("dtype " << gm_dtype_name(dt));
+    const htensor hdy = random_htensor(dt, static_cast<std::size_t>(B * Nn * Co), rng);
+    dbuf<unsigned char> x(16), dx(16), dy = to_device(hdy);
+    dbuf<index_t> gather = to_device(bt.gather);
+    dbuf<float> w(4), dbias(static_cast<std::size_t>(Co));
+    dbias.fill_bytes(0xFF);
+    gm_block_conv_args a{};
+    a.dtype = dt;
+    a.x = make_tensor(x.p, {B, N, 0}, {0, 0, 1});
+    a.dx = make_tensor(dx.p, {B, N, 0}, {0, 0, 1});
+    a.dy = make_tensor(dy.p, {B, Nn, Co}, {Nn * Co, Co, 1});
+    a.gather = gather.p;
+    a.stride = 4;
+    a.weight = w.p;
+    a.dbias = dbias.p;
+    std::size_t ws_bytes = 0;
+    GM_CHECK_CUDA(gm_block_conv_bwd_workspace_size(&a, &ws_bytes));
+    dbuf<unsigned char> ws(ws_bytes > 0 ? ws_bytes : 16);
+    GM_CHECK_CUDA(gm_block_conv_bwd(&a, ws.p, ws_bytes, nullptr));
+    GM_CHECK_CUDA(cudaDeviceSynchronize());
+    const auto dyd = as_double(hdy), got = widen(dbias.download());
+    std::vector<double> want(static_cast<std::size_t>(Co), 0.0);
+    for (std::size_t i = 0; i < dyd.size(); ++i) want[i % static_cast<std::size_t>(Co)] += dyd[i];
+    CHECK(rel_error(got, want) <= 1e-5);
+  }
+}
+
 TEST_CASE("block conv (host): the split of its GEMMs") {
   using greenmim::detail::cuda::gemm_split_for;
   std::mt19937_64 rng(fresh_seed());
