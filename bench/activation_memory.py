@@ -62,6 +62,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="swin_large_patch4_window7_224")
     ap.add_argument("--ratio", type=float, default=0.75)
     ap.add_argument("--rows", default="simmim,greenmim,per-sample")
+    ap.add_argument("--no-recompute", action="store_true",
+                    help="greenmim rows keep every activation (greenmim.set_activation_recompute(model, False))")
     a = ap.parse_args(argv)
     ts = _train_step_module()
     if a.model not in ts.MODELS:
@@ -92,6 +94,8 @@ def main(argv=None) -> int:
     with null_kernels():
         for row in [r for r in a.rows.split(",") if r]:
             model = ts.make_row(row, cfg, args, torch.device("cpu"))
+            if row != "simmim":
+                greenmim.set_activation_recompute(model, not a.no_recompute)
             params = sum(p.numel() for p in model.parameters())
             one, two = saved_at(model, row, 1), saved_at(model, row, 2)
             per = two - one                        # what grows with the batch

@@ -173,6 +173,8 @@ def make_row(row: str, cfg: dict, args, device):
 def run_row(row: str, cfg: dict, args, device) -> dict:
     gen = torch.Generator().manual_seed(args.seed)
     model = make_row(row, cfg, args, device)
+    if row != "simmim":
+        greenmim.set_activation_recompute(model, not args.no_recompute)
     # fused on CUDA for every row (the trainer's choice; foreach took 19% of a step's GPU time)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True if device.type == "cuda" else None)
     img = torch.randn(args.batch, 3, args.img, args.img, device=device)
@@ -339,6 +341,9 @@ def main(argv=None) -> int:
                          "steps, copied asynchronously in the step (greenmim.pretrain's pipeline)")
     ap.add_argument("--toy", action="store_true", help="tiny model, batch 2, 2 steps, CPU: a smoke run")
     ap.add_argument("--full", action="store_true", help="whole pretraining models (encoder, decoder, loss)")
+    ap.add_argument("--no-recompute", action="store_true",
+                    help="greenmim rows keep every activation (greenmim.set_activation_recompute(model, False)): "
+                         "a few kernels fewer per step, more memory")
     ap.add_argument("--compile", nargs="?", const="default", default=None,
                     choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
                     help="torch.compile every row's model (with --full) in this mode; greenmim's plans fix G "
@@ -371,6 +376,7 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"== train step{' (whole models)' if args.full else ''}: {args.model}, batch {args.batch}, {args.img} px, ratio {args.ratio}, "
           f"plans {args.plans}, {'torch.compile (' + args.compile + '), ' if args.compile else ''}"
+          f"{'no recompute, ' if args.no_recompute else ''}"
           f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}, AdamW, {name}, torch {torch.__version__}")
     results = []
     for r in rows:

@@ -24,6 +24,7 @@ from .swinv2 import (GroupWindowAttentionV2, VisibleSwinTransformerV2, swinv2_ba
                      swinv2_base_window16_256, swinv2_large_window12_192)
 from . import checkpoint
 from .checkpoint import load_pretrained
+from .layers import set_activation_recompute
 from .mim import (GreenMIM, create_model, green_mim_swin_base_patch4_dec512b1, green_mim_swin_base_patch4_win14_dec512b1,
                   green_mim_swin_base_patch4_window6_192_dec512b1, green_mim_swin_large_patch4_win14_dec512b1,
                   green_mim_swin_large_patch4_window6_192_dec512b1, green_mim_swin_nano_patch4_dec128b1,
@@ -39,6 +40,7 @@ __all__ = [
     "GroupWindowAttention", "PatchMerging", "VisibleSwinTransformer", "swin_base_patch4_window7_224",
     "swin_large_patch4_window7_224", "GroupWindowAttentionV2", "VisibleSwinTransformerV2", "swinv2_base_window8_256",
     "swinv2_base_window16_256", "swinv2_large_window12_192", "GreenMIM", "create_model", "model_names", "load_pretrained",
+    "set_activation_recompute",
     "green_mim_swin_base_patch4_dec512b1", "green_mim_swin_base_patch4_win14_dec512b1",
     "green_mim_swin_large_patch4_win14_dec512b1", "green_mim_swin_base_patch4_window6_192_dec512b1",
     "green_mim_swin_large_patch4_window6_192_dec512b1", "green_mim_swinv2_base_window8_256_dec512b1",

@@ -164,6 +164,16 @@ def norm_linear(x: Tensor, norm: nn.Module, linear: nn.Linear) -> Tensor:
     return linear(norm(x))
 
 
+def set_activation_recompute(model: nn.Module, enabled: bool = True) -> nn.Module:
+    """Turns the recomputes of ``_GeluLinear`` and ``norm_linear`` on (the default) or off in
+    every MLP and window attention of ``model``: off keeps every activation, as timm does, for a
+    step with a few kernels fewer and more memory (docs/models.md). Returns ``model``."""
+    for m in model.modules():
+        if hasattr(m, "recompute"):
+            m.recompute = bool(enabled)
+    return model
+
+
 class Mlp(nn.Module):
     """timm's Mlp (fc1, GELU, fc2, dropouts). In training with no dropout between the GELU and fc2,
     fc2 runs through ``_GeluLinear``: the GELU's output is recomputed in the backward instead of
@@ -176,12 +186,15 @@ class Mlp(nn.Module):
         self.drop1 = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden, dim)
         self.drop2 = nn.Dropout(drop)
-        self.recompute_act = True
+        self.recompute = True   # set_activation_recompute(model, False): keep everything, as timm does
 
     def forward(self, x: Tensor, norm: Optional[nn.Module] = None) -> Tensor:
         """``mlp(x)``, or ``mlp(norm(x))`` with the norm's output recomputed in the backward."""
-        h1 = self.fc1(x) if norm is None else norm_linear(x, norm, self.fc1)
-        if (self.recompute_act and torch.is_grad_enabled() and (not self.training or self.drop1.p == 0)
+        if norm is None:
+            h1 = self.fc1(x)
+        else:
+            h1 = norm_linear(x, norm, self.fc1) if self.recompute else self.fc1(norm(x))
+        if (self.recompute and torch.is_grad_enabled() and (not self.training or self.drop1.p == 0)
                 and type(self.act) is nn.GELU and self.act.approximate == "none"):
             return self.drop2(_GeluLinear.apply(h1, self.fc2.weight, self.fc2.bias))
         return self.drop2(self.fc2(self.drop1(self.act(h1))))

@@ -48,6 +48,7 @@ class GroupWindowAttention(nn.Module):
         self.qkv = nn.Linear(dim, attn_dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(attn_dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.recompute = True   # norm= applied through norm_linear (layers.set_activation_recompute)
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
     def forward(self, x: Tensor, part: StagePartition, norm: Optional[nn.Module] = None) -> Tensor:
@@ -55,8 +56,11 @@ class GroupWindowAttention(nn.Module):
         B, N, _ = x.shape
         if part.window != self.window_size:
             raise GreenmimError(f"greenmim: partition of window {part.window}, layer has window {self.window_size}")
-        qkv = (self.qkv(x) if norm is None else norm_linear(x, norm, self.qkv)).view(B, N, 3, self.num_heads,
-                                                                                    self.head_dim)
+        if norm is not None:
+            qkv = norm_linear(x, norm, self.qkv) if self.recompute else self.qkv(norm(x))
+        else:
+            qkv = self.qkv(x)
+        qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim)
         if self.attn_impl == "greenmim":
             o = group_window_attention_packed(qkv, self.relative_position_bias_table, part, scale=self.scale)
         else:

@@ -348,7 +348,7 @@ def test_mlp_recomputes_its_gelu_and_takes_the_plain_paths_gradients(autocast):
     g = torch.randn(3, 10, 24)
     got, saved = {}, {}
     for rec in (True, False):
-        m.recompute_act = rec
+        m.recompute = rec
         m.zero_grad()
         x = x0.clone().requires_grad_(True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -391,3 +391,24 @@ def test_norm_linear_recomputes_the_norm_and_takes_the_plain_paths_gradients(aut
         assert a.dtype == b.dtype
         assert float((a.float() - b.float()).abs().max()) <= (2e-2 if autocast else 1e-5) * float(b.abs().max())
     assert saved[True] < saved[False]
+
+
+def test_activation_recompute_switches_off_and_on_for_a_whole_model():
+    """greenmim.set_activation_recompute(model, False) keeps every activation (the plain path, more
+    bytes saved); the loss and gradients do not change; on is the default."""
+    torch.manual_seed(0)
+    model = greenmim.green_mim_swin_nano_patch4_dec128b1()
+    assert all(m.recompute for m in model.modules() if hasattr(m, "recompute"))
+    img = torch.randn(2, 3, 224, 224)
+    plan = model.plan(greenmim.random_masks(2, generator=torch.Generator().manual_seed(1)))
+    got = {}
+    for on in (True, False):
+        greenmim.set_activation_recompute(model, on)
+        model.zero_grad()
+        loss, saved = _saved_bytes(lambda: model(img, plan)[0])
+        loss.backward()
+        got[on] = (saved, loss.detach(), [p.grad.clone() for p in model.parameters()])
+    assert got[True][0] < got[False][0]
+    torch.testing.assert_close(got[True][1], got[False][1], rtol=0, atol=0)
+    for a, b in zip(got[True][2], got[False][2]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
