@@ -53,6 +53,34 @@ struct block_geom {
   __device__ __forceinline__ float wprime(int o, int k) const {
     return __ldg(w + (static_cast<std::int64_t>(o) * cin + k % cin) * P + k / cin);
   }
+  //! Columns [j, j + valid) of gathered row m = b * n_next + n (column p * C_in + c = x[b, token(n, p), c];
+  //! column P * C_in is the ones column, later ones zero), packed for the tensor cores: one 16-byte
+  //! load when the chunk is one block position, else element by element (the same values).
+  template <class T>
+  __device__ __forceinline__ uint4 gathered8(const T* x, std::int64_t x_s0, std::int64_t x_s1, int m, int j,
+                                             int valid) const {
+    const int bi = m / n_next, n = m - bi * n_next, pc = P * cin;
+    const T* xb = x + bi * x_s0;
+    if (j + valid <= pc) {  // no ones column in the chunk (and C_in > 0: the division is defined)
+      const int p = j / cin, c = j - p * cin;
+      if (c + valid <= cin) {  // one block position
+        const index_t t = token(n, p);
+        return t == pad_index ? zero_chunk() : load8(xb + t * x_s1 + c, valid);
+      }
+    }
+    uint4 u = zero_chunk();
+    for (int e = 0; e < valid; ++e) {
+      const int je = j + e;
+      if (je >= pc) {
+        if (je == pc) set8(u, e, from_float<T>(1.f));
+        continue;
+      }
+      const int pe = je / cin;
+      const index_t t = token(n, pe);
+      if (t != pad_index) set8(u, e, __ldg(xb + t * x_s1 + (je - pe * cin)));
+    }
+    return u;
+  }
 };
 
 //! Forward: rows m = b * n_next + n, columns o, reduction k = p * C_in + c.
@@ -71,24 +99,10 @@ struct bc_fwd_op {
   __device__ __forceinline__ float b(int k, int o) const { return g.wprime(o, k); }
   // tensor cores: A row-major (gathered x), B n-major (rows of W')
   using elem = T;
-  static constexpr bool a_kmajor = false, b_kmajor = false;
+  using layout = tc_layout<false, false>;
   __device__ __forceinline__ uint4 a8(int m, int k, int k_end) const {
     if (m >= M || k >= k_end) return zero_chunk();
-    const int valid = k_end - k < 8 ? k_end - k : 8;
-    const int bi = m / g.n_next, n = m - bi * g.n_next;
-    const T* xb = x + bi * x_s0;
-    const int p = k / g.cin, c = k - p * g.cin;
-    if (c + valid <= g.cin) {  // one block position
-      const index_t t = g.token(n, p);
-      return t == pad_index ? zero_chunk() : load8(xb + t * x_s1 + c, valid);
-    }
-    uint4 u = zero_chunk();
-    for (int e = 0; e < valid; ++e) {
-      const int pe = (k + e) / g.cin;
-      const index_t t = g.token(n, pe);
-      if (t != pad_index) set8(u, e, __ldg(xb + t * x_s1 + (k + e - pe * g.cin)));
-    }
-    return u;
+    return g.gathered8(x, x_s0, x_s1, m, k, k_end - k < 8 ? k_end - k : 8);  // k < K: no ones column
   }
   __device__ __forceinline__ uint4 b8(int k, int o, int k_end) const {
     if (o >= N) return zero_chunk();
@@ -113,7 +127,7 @@ struct bc_dx_op {
   __device__ __forceinline__ float b(int o, int j) const { return g.wprime(o, j); }
   // tensor cores: A row-major (rows of dY), B k-major (rows of W')
   using elem = T;
-  static constexpr bool a_kmajor = false, b_kmajor = true;
+  using layout = tc_layout<false, true>;
   __device__ __forceinline__ uint4 a8(int m, int o, int k_end) const {
     if (m >= M || o >= k_end) return zero_chunk();
     return load8(dy + (m / g.n_next) * dy_s0 + (m % g.n_next) * dy_s1 + o, k_end - o < 8 ? k_end - o : 8);
@@ -151,35 +165,14 @@ struct bc_dw_op {
   }
   // tensor cores: A k-major (rows of dY), B k-major (gathered x rows, then the ones column)
   using elem = T;
-  static constexpr bool a_kmajor = true, b_kmajor = true;
+  using layout = tc_layout<true, true>;
   __device__ __forceinline__ uint4 a8(int o, int m, int k_end) const {
     if (m >= k_end || o >= M) return zero_chunk();
     return load8(dy + (m / g.n_next) * dy_s0 + (m % g.n_next) * dy_s1 + o, M - o < 8 ? M - o : 8);
   }
   __device__ __forceinline__ uint4 b8(int m, int col, int k_end) const {
     if (m >= k_end || col >= N) return zero_chunk();
-    const int valid = N - col < 8 ? N - col : 8;
-    const int bi = m / g.n_next, n = m - bi * g.n_next, j = jbase + col, pc = g.P * g.cin;
-    const T* xb = x + bi * x_s0;
-    if (j + valid <= pc) {  // no ones column in the chunk (and C_in > 0: the division is defined)
-      const int p = j / g.cin, c = j - p * g.cin;
-      if (c + valid <= g.cin) {  // one block position
-        const index_t t = g.token(n, p);
-        return t == pad_index ? zero_chunk() : load8(xb + t * x_s1 + c, valid);
-      }
-    }
-    uint4 u = zero_chunk();
-    for (int e = 0; e < valid; ++e) {
-      const int je = j + e;
-      if (je >= pc) {
-        if (je == pc) set8(u, e, from_float<T>(1.f));
-        continue;
-      }
-      const int pe = je / g.cin;
-      const index_t t = g.token(n, pe);
-      if (t != pad_index) set8(u, e, __ldg(xb + t * x_s1 + (je - pe * g.cin)));
-    }
-    return u;
+    return g.gathered8(x, x_s0, x_s1, m, jbase + col, N - col < 8 ? N - col : 8);
   }
   __device__ __forceinline__ void store(int o, int col, float v) const {
     const int j = jbase + col;

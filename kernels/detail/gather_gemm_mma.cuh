@@ -4,7 +4,7 @@
 //! columns scattered on store. The block conv's three products use it (block_conv.cu).
 //!
 //! The operator `Op` says how to read and store:
-//! - `using elem = T` (__half or __nv_bfloat16); `static constexpr bool a_kmajor, b_kmajor`;
+//! - `using elem = T` (__half or __nv_bfloat16); `using layout = tc_layout<A k-major?, B k-major?>`;
 //! - `int M, N, K`;
 //! - `uint4 a8(int m, int k, int k_end)`: 8 consecutive elements of A packed in 16 bytes, along
 //!   the operand's staged row: A[m][k .. k+8) when A is not k-major, A[m .. m+8)[k] when it is;
@@ -30,6 +30,12 @@
 namespace greenmim {
 namespace detail {
 namespace cuda {
+
+//! How an operator's operands are staged (Op::layout): A k-major or not, B k-major or not.
+template <bool AKMajor, bool BKMajor>
+struct tc_layout {
+  static constexpr bool a_kmajor = AKMajor, b_kmajor = BKMajor;
+};
 
 constexpr int k_tc_bm = 64, k_tc_bn = 64, k_tc_bk = 32, k_tc_threads = 128;
 constexpr int k_tc_pad = 8;  // elements per staged row beyond the tile: 16-byte aligned rows, staggered banks
@@ -81,14 +87,14 @@ __device__ __forceinline__ uint4 zero_chunk() { return make_uint4(0u, 0u, 0u, 0u
 //! Dynamic shared memory of gather_gemm_mma<Op> (the operands' staged tiles, ~10 KB).
 template <class Op>
 constexpr std::size_t gather_gemm_mma_smem() {
-  return (tc_tile<Op::a_kmajor>::words + tc_tile<Op::b_kmajor>::words) * sizeof(uint4);
+  return (tc_tile<Op::layout::a_kmajor>::words + tc_tile<Op::layout::b_kmajor>::words) * sizeof(uint4);
 }
 
 template <class Op>
 __global__ void __launch_bounds__(k_tc_threads) gather_gemm_mma(const Op op, const int k_per, float* partial) {
   using T = typename Op::elem;
-  using TA = tc_tile<Op::a_kmajor>;
-  using TB = tc_tile<Op::b_kmajor>;
+  using TA = tc_tile<Op::layout::a_kmajor>;
+  using TB = tc_tile<Op::layout::b_kmajor>;
   using M16 = mma16<T>;
   namespace L = mma_layout;
   GM_DYNAMIC_SMEM(smem);  // gather_gemm_mma_smem<Op>() bytes: A's tile, then B's
@@ -109,12 +115,12 @@ __global__ void __launch_bounds__(k_tc_threads) gather_gemm_mma(const Op op, con
 #pragma unroll
     for (int j = 0; j < TA::per_thread; ++j) {
       const int i = tid + j * k_tc_threads, r = i / TA::chunks_per_row, c = (i % TA::chunks_per_row) * 8;
-      ra[j] = Op::a_kmajor ? op.a8(m0 + c, k0 + r, k_end) : op.a8(m0 + r, k0 + c, k_end);
+      ra[j] = Op::layout::a_kmajor ? op.a8(m0 + c, k0 + r, k_end) : op.a8(m0 + r, k0 + c, k_end);
     }
 #pragma unroll
     for (int j = 0; j < TB::per_thread; ++j) {
       const int i = tid + j * k_tc_threads, r = i / TB::chunks_per_row, c = (i % TB::chunks_per_row) * 8;
-      rb[j] = Op::b_kmajor ? op.b8(k0 + r, n0 + c, k_end) : op.b8(k0 + c, n0 + r, k_end);
+      rb[j] = Op::layout::b_kmajor ? op.b8(k0 + r, n0 + c, k_end) : op.b8(k0 + c, n0 + r, k_end);
     }
   };
 
@@ -143,7 +149,7 @@ __global__ void __launch_bounds__(k_tc_threads) gather_gemm_mma(const Op op, con
       unsigned af[2][4];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        if constexpr (Op::a_kmajor)
+        if constexpr (Op::layout::a_kmajor)
           ldmatrix_x4_trans(af[i], as + (kk * 16 + L::at_ld_row(lane)) * TA::ld + wm + i * 16 + L::at_ld_col(lane));
         else
           ldmatrix_x4(af[i], as + (wm + i * 16 + L::a_ld_row(lane)) * TA::ld + kk * 16 + L::a_ld_col(lane));
@@ -151,7 +157,7 @@ __global__ void __launch_bounds__(k_tc_threads) gather_gemm_mma(const Op op, con
 #pragma unroll
       for (int np = 0; np < 2; ++np) {  // pairs of n-tiles: columns wn + [16 np, 16 np + 16)
         unsigned bf[4];
-        if constexpr (Op::b_kmajor)
+        if constexpr (Op::layout::b_kmajor)
           ldmatrix_x4_trans(bf, bs + (kk * 16 + L::bv_ld_row(lane)) * TB::ld + wn + np * 16 + L::bv_ld_col(lane));
         else
           ldmatrix_x4(bf, bs + (wn + np * 16 + L::bk_ld_row(lane)) * TB::ld + kk * 16 + L::bk_ld_col(lane));

@@ -71,6 +71,15 @@ def drop_path_rates(drop_path_rate: float, depths) -> list:
     return out
 
 
+def _linear_param_grads(dy: Tensor, inp: Tensor, types, need_w: bool, need_b: bool):
+    """The weight and bias gradients of ``linear(inp)`` as autograd computes them (in the
+    forward's compute type), cast to the parameters' types ``types = (weight, bias or None)``."""
+    dy2, in2 = dy.reshape(-1, dy.shape[-1]), inp.reshape(-1, inp.shape[-1])
+    dw = (dy2.t() @ in2).to(types[0]) if need_w else None
+    db = dy2.sum(0).to(types[1]) if types[1] is not None and need_b else None
+    return dw, db
+
+
 class _GeluLinear(torch.autograd.Function):
     """``linear(gelu(h1), weight, bias)`` that saves ``h1`` only and recomputes the GELU in the
     backward: the MLP's widest activation (4C per token) is not kept twice (GELU keeps its input,
@@ -97,12 +106,9 @@ class _GeluLinear(torch.autograd.Function):
     def backward(ctx, dy: Tensor):
         h1, w = ctx.saved_tensors
         need_h1, need_w, need_b = ctx.needs_input_grad
-        w_type, b_type = ctx.types
         h = F.gelu(h1)
         hc = h if ctx.cast is None else h.to(ctx.cast)                   # the linear's input
-        dy2, hc2 = dy.reshape(-1, dy.shape[-1]), hc.reshape(-1, hc.shape[-1])
-        dw = (dy2.t() @ hc2).to(w_type) if need_w else None
-        db = dy2.sum(0).to(b_type) if b_type is not None and need_b else None
+        dw, db = _linear_param_grads(dy, hc, ctx.types, need_w, need_b)
         # GELU's own backward (autograd's kernel; no autograd calls here, so torch.compile traces it)
         dh1 = torch.ops.aten.gelu_backward((dy @ w).to(h.dtype), h1, approximate="none") if need_h1 else None
         return dh1, dw, db
@@ -141,10 +147,7 @@ class _NormLinear(torch.autograd.Function):
         lb = ln_b.to(nt) if ln_b is not None else None
         y, mean, rstd = torch.ops.aten.native_layer_norm(xn, shape, lw, lb, ctx.eps)
         yc = y if ctx.cast is None else y.to(ctx.cast)                  # the linear's input
-        dy2, yc2 = dy.reshape(-1, dy.shape[-1]), yc.reshape(-1, yc.shape[-1])
-        w_type, b_type = ctx.types
-        dw = (dy2.t() @ yc2).to(w_type) if need_w else None
-        db = dy2.sum(0).to(b_type) if b_type is not None and need_b else None
+        dw, db = _linear_param_grads(dy, yc, ctx.types, need_w, need_b)
         dx = dlw = dlb = None
         if need_x or need_lw or need_lb:
             mask = [need_x, need_lw and lw is not None, need_lb and lb is not None]

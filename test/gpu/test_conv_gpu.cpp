@@ -64,6 +64,14 @@ std::vector<index_t> unit_mask_coords(std::mt19937_64& rng, index_t grid, index_
 
 using bytes = std::vector<unsigned char>;
 
+//! The s x s block table of one sample's visible coordinates `c` on a 16 x 16 stage.
+greenmim::block_table block_table_16(const std::vector<index_t>& c, index_t s = 4) {
+  const std::vector<index_t> cu{0, static_cast<index_t>(c.size())};
+  greenmim::block_table bt;
+  greenmim::check(greenmim::build_block_table_per_sample(16, 16, s, span<const index_t>(cu), span<const index_t>(c), bt));
+  return bt;
+}
+
 bytes float_bytes(const std::vector<float>& v) {
   bytes b(v.size() * sizeof(float));
   if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
@@ -381,8 +389,7 @@ TEST_CASE("gpu block conv (kernel = stride): fwd and bwd vs the CPU reference") 
   // K = B * N_next rows; and the backward with dweight or dbias alone (the dbias column)
   {
     using greenmim::detail::cuda::gemm_split_for;
-    greenmim::block_table bt;
-    greenmim::check(greenmim::build_block_table_per_sample(16, 16, 4, span<const index_t>(cu), span<const index_t>(c), bt));
+    const greenmim::block_table bt = block_table_16(c);
     CHECK(gemm_split_for(2 * bt.num_outputs(), 24, 16 * 64).splits > 1);
     CHECK(gemm_split_for(24, 16 * 8 + 1, 40 * bt.num_outputs()).splits > 1);
   }
@@ -395,8 +402,7 @@ TEST_CASE("gpu block conv (kernel = stride): fwd and bwd vs the CPU reference") 
   // shape (C_out 512, s*s*C_in 64, 8,192+ rows) a split computed from the requested columns alone
   // would differ (8 column tiles against 16). ~0.3 GFLOP a run: on a device only.
   {
-    greenmim::block_table bt;
-    greenmim::check(greenmim::build_block_table_per_sample(16, 16, 4, span<const index_t>(cu), span<const index_t>(c), bt));
+    const greenmim::block_table bt = block_table_16(c);
     const std::int64_t B = (8192 + bt.num_outputs() - 1) / bt.num_outputs() + 1, N = bt.num_inputs, Nn = bt.num_outputs();
     const std::int64_t Ci = 4, Co = 512;
     const htensor hx = random_htensor(GM_BFLOAT16, static_cast<std::size_t>(B * N * Ci), rng);
@@ -489,10 +495,7 @@ TEST_CASE("gpu block conv: results do not depend on the activations' alignment o
   const std::uint64_t seed = fresh_seed();
   INFO("seed " << seed << " (GM_TEST_SEED)");
   std::mt19937_64 rng(seed);
-  const auto c = unit_mask_coords(rng, 16, 4, 0.5);
-  const std::vector<index_t> cu{0, static_cast<index_t>(c.size())};
-  greenmim::block_table bt;
-  greenmim::check(greenmim::build_block_table_per_sample(16, 16, 4, span<const index_t>(cu), span<const index_t>(c), bt));
+  const greenmim::block_table bt = block_table_16(unit_mask_coords(rng, 16, 4, 0.5));
   const std::int64_t B = 3, N = bt.num_inputs, Nn = bt.num_outputs();
   // C_in 16 and 24: the tensor cores' 16-byte loads when aligned; C_in 3: an image's channels
   for (const auto& sh : {std::array<std::int64_t, 2>{16, 40}, std::array<std::int64_t, 2>{24, 16},
@@ -520,10 +523,7 @@ TEST_CASE("gpu block conv: no input channels (the dbias column alone)") {
   const std::uint64_t seed = fresh_seed();
   INFO("seed " << seed << " (GM_TEST_SEED)");
   std::mt19937_64 rng(seed);
-  const auto c = unit_mask_coords(rng, 16, 4, 0.5);
-  const std::vector<index_t> cu{0, static_cast<index_t>(c.size())};
-  greenmim::block_table bt;
-  greenmim::check(greenmim::build_block_table_per_sample(16, 16, 4, span<const index_t>(cu), span<const index_t>(c), bt));
+  const greenmim::block_table bt = block_table_16(unit_mask_coords(rng, 16, 4, 0.5));
   const std::int64_t B = 3, N = bt.num_inputs, Nn = bt.num_outputs(), Co = 5;
   for (gm_dtype dt : {GM_FLOAT32, GM_FLOAT16, GM_BFLOAT16}) {  // a fuzzer found the 16-bit path dividing by C_in
     INFO("dtype " << gm_dtype_name(dt));
