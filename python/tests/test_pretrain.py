@@ -353,3 +353,25 @@ def test_fused_adamw_takes_the_same_steps_as_foreach():
     assert moved > 1e-3  # the steps did something
     for (n, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), n
+
+
+def test_ctrl_c_is_one_line_exit_code_130_and_no_torn_checkpoint(tmp_path):
+    """SIGINT mid-run (a Ctrl-C): no traceback, one line naming how to resume, exit code 130, and no
+    temporary or partial checkpoint left behind."""
+    import signal
+    proc = subprocess.Popen([sys.executable, "-m", "greenmim.pretrain", *_quick(tmp_path, "--epochs", "50",
+                                                                                 "--print_freq", "1")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        for line in proc.stdout:                      # wait for training to be under way
+            if "step 2/" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert lines and lines[-1].startswith("greenmim.pretrain: interrupted;") and "--resume auto" in lines[-1], err
+    assert not [p.name for p in tmp_path.rglob("*.tmp*")]

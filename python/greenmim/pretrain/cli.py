@@ -29,6 +29,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if ctx.main:
             print(f"greenmim.pretrain: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:   # Ctrl-C: one line, not a traceback; checkpoints are whole (atomic renames)
+        if ctx.main:
+            print(f"\ngreenmim.pretrain: interrupted; the newest checkpoint in {args.output_dir or '(no --output_dir)'} "
+                  f"resumes with --resume auto", file=sys.stderr)
+        return 130
     finally:
         dist.teardown(ctx)
     if ctx.main:
