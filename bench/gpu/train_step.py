@@ -175,12 +175,15 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
     model = make_row(row, cfg, args, device)
     if row != "simmim":
         greenmim.set_activation_recompute(model, not args.no_recompute)
-    # fused on CUDA for every row (the trainer's choice; foreach took 19% of a step's GPU time)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True if device.type == "cuda" else None)
+    # fused on CUDA for every row (the trainer's choice; foreach took 19% of a step's GPU time);
+    # capturable (its step count on the device) when the step is a CUDA graph
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True if device.type == "cuda" else None,
+                            capturable=bool(args.graphs) and device.type == "cuda")
     img = torch.randn(args.batch, 3, args.img, args.img, device=device)
     grid = args.img // 32
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu",
-                                                                                                  enabled=False)
+    # a captured region must not keep autocast's weight copies across replays
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not args.graphs) if device.type == "cuda" \
+        else torch.autocast("cpu", enabled=False)
     clock = Clock(device)
     per_sample = row == "per-sample"
     g0 = args.img // 4
@@ -194,40 +197,64 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
     if args.compile:
         # every row compiled alike; greenmim's plans as greenmim.pretrain --compile makes them: G fixed
         # at each stage's window area and the group axis dynamic, so fresh masks do not recompile
-        from greenmim.pretrain.data import Geometry
+        # (with --graphs the plans are padded to one capacity instead: static shapes)
         net = torch.compile(model, mode=args.compile)
-        if row != "simmim":
-            inline_plan = loader_plan = Geometry(model, fixed_groups=True).plan
+    if (args.compile or args.graphs) and row != "simmim":
+        from greenmim.pretrain.data import Geometry
+        inline_plan = loader_plan = Geometry(model, fixed_groups=True).plan
+    info = {}
+    if args.graphs and row != "simmim":
+        # one capacity for every mask: the most groups 64 masks of the distribution take, + 2%
+        cap_gen = torch.Generator().manual_seed(args.seed + 7919)
+        cap = greenmim.group_capacity([loader_plan(unit_masks(args.batch, per_sample, args.ratio, cap_gen, grid))
+                                       for _ in range(64)])
+        info["capacity"] = cap
+        host_plan = loader_plan
+
+        def padded_or_none(units):
+            plan = host_plan(units)
+            try:
+                return plan.padded(cap), plan
+            except greenmim.GreenmimError:
+                return None, plan
+        inline_plan = loader_plan = padded_or_none
     ready = None
     if args.plans == "loader":   # made before the timed steps, pinned: the trainer's DataLoader
         ready = []
-        for _ in range(args.warmup + args.steps):
+        pin = (lambda t: t.pin_memory()) if device.type == "cuda" else (lambda t: t)
+        for _ in range(args.warmup + args.steps + bool(args.graphs)):   # + the graph's static inputs
             units = unit_masks(args.batch, per_sample, args.ratio, gen, grid)
             item = simmim_mask(units) if row == "simmim" else loader_plan(units)
-            ready.append(item.pin_memory() if device.type == "cuda" else item)
+            ready.append(tuple(None if t is None else pin(t) for t in item) if isinstance(item, tuple) else pin(item))
         ready = iter(ready)
 
-    def step():
-        if ready is None:
-            units = unit_masks(args.batch, per_sample, args.ratio, gen, grid)
-            item = simmim_mask(units) if row == "simmim" else inline_plan(units)
-        else:
-            item = next(ready)
-        item = item.to(device, non_blocking=True)
-        if args.compile and row != "simmim":
-            item.mark_dynamic()
+    def next_item():
+        if ready is not None:
+            return next(ready)
+        units = unit_masks(args.batch, per_sample, args.ratio, gen, grid)
+        return simmim_mask(units) if row == "simmim" else inline_plan(units)
+
+    def loss_of(item):
         with amp:
             if row == "simmim":
                 out = net(img, item.expand(args.batch, g0, g0))
             else:
-                plan = item
-                out = net(img, plan) if args.full else model.forward_features(img, plan)   # visible tokens
-            loss = out.float() if args.full and row == "simmim" else \
+                out = net(img, item) if args.full else model.forward_features(img, item)   # visible tokens
+            return out.float() if args.full and row == "simmim" else \
                 (out[0].float() if args.full else out.float().square().mean())
-        opt.zero_grad(set_to_none=True)
+
+    def eager_step(item):
+        item = item.to(device, non_blocking=True)
+        if args.compile and not args.graphs and row != "simmim":
+            item.mark_dynamic()
+        loss = loss_of(item)
+        opt.zero_grad(set_to_none=not args.graphs)   # a graph's gradients stay where it wrote them
         loss.backward()
         opt.step()
 
+    step = lambda: eager_step(next_item())   # noqa: E731
+    if args.graphs:
+        step = graphed_step(next_item, loss_of, eager_step, opt, row, device, info)
     for _ in range(args.warmup):
         step()
     if device.type == "cuda":
@@ -243,7 +270,57 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
     del model, opt
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return dict(row=row, ms=statistics.median(times), ms_min=min(times), peak_gib=peak, steps=args.steps)
+    out = dict(row=row, ms=statistics.median(times), ms_min=min(times), peak_gib=peak, steps=args.steps)
+    if info:
+        cap, counts = info.get("capacity"), info.get("counts", [])
+        over = info.get("overflows", 0)
+        text = f"{row}: CUDA graph, {over} of {info.get('steps', 0)} steps overflowed (ran eagerly)"
+        if cap and counts:
+            pad = 100 * (1 - statistics.mean(c[0][0] for c in counts) / cap[0][0])
+            text += f"; capacity {cap}, stage 1 padded by {pad:.1f}% of its groups on average"
+        print(text, flush=True)
+    return out
+
+
+def graphed_step(next_item, loss_of, eager_step, opt, row: str, device, info: dict):
+    """The step as one CUDA graph (forward, backward, AdamW), captured once on static inputs:
+    SimMIM's mask, or greenmim's plan padded to a capacity (``MaskPlan.padded``). Each step copies
+    its new mask or plan into those inputs and replays the graph; a plan beyond the capacity
+    runs eagerly instead (counted). The host then queues a handful of calls per step."""
+    first = next_item()
+    static = first if row == "simmim" else first[0]
+    if static is None:
+        raise SystemExit("train_step: the first plan overflowed the capacity")
+    static = static.to(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):        # warm-up off the capture stream (also compiles, with --compile)
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            loss_of(static).backward()
+            opt.step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        loss_of(static).backward()
+        opt.step()
+    info.update(overflows=0, steps=0, counts=[])
+
+    def step():
+        item = next_item()
+        info["steps"] += 1
+        if row == "simmim":
+            static.copy_(item, non_blocking=True)
+        else:
+            padded, plan = item
+            info["counts"].append(plan.group_counts())
+            if padded is None:
+                info["overflows"] += 1
+                return eager_step(plan)
+            static.copy_(padded, non_blocking=True)
+        graph.replay()
+    return step
 
 
 def trace_steps(step, row: str, args, device) -> None:
@@ -348,6 +425,10 @@ def main(argv=None) -> int:
                     choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
                     help="torch.compile every row's model (with --full) in this mode; greenmim's plans fix G "
                          "and mark their group axis dynamic, as greenmim.pretrain --compile does")
+    ap.add_argument("--graphs", action="store_true",
+                    help="capture each row's whole step (forward, backward, AdamW) as one CUDA graph and replay it "
+                         "(CUDA, --full): greenmim's plans are padded to one capacity (MaskPlan.padded); with "
+                         "--compile, the compiled model is captured")
     ap.add_argument("--cpu", action="store_true",
                     help="--full rows for a toy Swin (embed 32; a Twins model: toy-twins) at batch 16 on this CPU, "
                          "no breakdown")
@@ -362,6 +443,8 @@ def main(argv=None) -> int:
         args.batch, args.steps, args.warmup, args.reps, args.device = 2, 1, 1, 1, "cpu"
     if args.compile and not args.full:
         ap.error("--compile needs --full (it compiles the whole pretraining models)")
+    if args.graphs and (not args.full or args.device != "cuda" or args.twins or args.trace):
+        ap.error("--graphs needs --full, a CUDA device and a Swin model (and no --trace)")
     rows = [r for r in args.rows.split(",") if r]
     bad = [r for r in rows if r not in ROWS]
     if bad:
@@ -376,7 +459,7 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"== train step{' (whole models)' if args.full else ''}: {args.model}, batch {args.batch}, {args.img} px, ratio {args.ratio}, "
           f"plans {args.plans}, {'torch.compile (' + args.compile + '), ' if args.compile else ''}"
-          f"{'no recompute, ' if args.no_recompute else ''}"
+          f"{'no recompute, ' if args.no_recompute else ''}{'CUDA graphs, ' if args.graphs else ''}"
           f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}, AdamW, {name}, torch {torch.__version__}")
     results = []
     for r in rows:

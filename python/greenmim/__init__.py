@@ -10,8 +10,8 @@ through ctypes (no extension built against torch).
 """
 from ._lib import GreenmimError
 from ._backend import emulate_cuda
-from .indices import (MaskPlan, StagePartition, StagePlan, clear_cache, merge_indices, plan_masks, random_masks,
-                      stage_partition, window_geometry)
+from .indices import (MaskPlan, StagePartition, StagePlan, clear_cache, group_capacity, merge_indices, plan_masks,
+                      random_masks, stage_partition, window_geometry)
 from .ops import (group_window_attention, group_window_attention_packed, partition_tokens, unpartition_tokens)
 from .conv_tables import BlockTable, NeighborTable, block_table, neighbor_table
 from .conv_ops import block_conv, submanifold_depthwise_conv3x3
@@ -34,7 +34,8 @@ from .mim import (GreenMIM, create_model, green_mim_swin_base_patch4_dec512b1, g
 
 __version__ = "0.1.0"
 __all__ = [
-    "GreenmimError", "emulate_cuda", "MaskPlan", "StagePartition", "StagePlan", "clear_cache", "merge_indices",
+    "GreenmimError", "emulate_cuda", "MaskPlan", "StagePartition", "StagePlan", "clear_cache", "group_capacity",
+    "merge_indices",
     "plan_masks", "random_masks", "stage_partition", "window_geometry", "group_window_attention",
     "group_window_attention_packed", "partition_tokens", "unpartition_tokens", "released_group_attention",
     "GroupWindowAttention", "PatchMerging", "VisibleSwinTransformer", "swin_base_patch4_window7_224",

@@ -39,6 +39,11 @@ def check_partition(part) -> None:
 _structures: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # partition -> (window, structure)
 
 
+def forget(part) -> None:
+    """Drops what was derived from ``part``'s indices (they were overwritten: MaskPlan.copy_)."""
+    _structures.pop(part, None)
+
+
 def _structure(part, window: int) -> Tuple[Tensor, Tensor, Tensor]:
     """Per group ``[ng, G, G]``: which (query, key) slot pairs share a window, which may attend
     (those, and each padding query to itself only, so that its softmax row stays finite), and
