@@ -31,16 +31,19 @@ def token_samples(stage: StagePlan, num_tokens: int, device) -> Tensor:
     return torch.searchsorted(cu[1:], torch.arange(num_tokens, device=device), right=True)
 
 
-def drop_path(x: Tensor, p: float, training: bool, sample_of_token: Optional[Tensor]) -> Tensor:
+def drop_path(x: Tensor, p: float, training: bool, sample_of_token: Optional[Tensor],
+              num_samples: Optional[int] = None) -> Tensor:
     """Stochastic depth per sample; with the flat per-sample layout ``sample_of_token`` says
-    which sample each token belongs to."""
+    which sample each token belongs to, of ``num_samples`` (the plan's masks: given, nothing
+    waits for the device, so a CUDA graph can hold the step; None reads it off the ids)."""
     if p == 0.0 or not training:
         return x
     keep = 1.0 - p
     if sample_of_token is None:
         m = x.new_empty((x.shape[0], 1, 1)).bernoulli_(keep)
     else:
-        n = int(sample_of_token.max()) + 1 if sample_of_token.numel() else 0
+        n = num_samples if num_samples is not None else \
+            (int(sample_of_token.max()) + 1 if sample_of_token.numel() else 0)
         m = x.new_empty((n,)).bernoulli_(keep)[sample_of_token].view(1, -1, 1)
     return x * m / keep
 
@@ -52,8 +55,8 @@ class DropPath(nn.Module):
         super().__init__()
         self.drop_prob = drop_prob
 
-    def forward(self, x: Tensor, sample_of_token: Optional[Tensor] = None) -> Tensor:
-        return drop_path(x, self.drop_prob, self.training, sample_of_token)
+    def forward(self, x: Tensor, sample_of_token: Optional[Tensor] = None, num_samples: Optional[int] = None) -> Tensor:
+        return drop_path(x, self.drop_prob, self.training, sample_of_token, num_samples)
 
     def extra_repr(self) -> str:
         return f"drop_prob={self.drop_prob}"

@@ -86,8 +86,8 @@ class SwinTransformerBlock(nn.Module):
 
     def forward(self, x: Tensor, stage: StagePlan, sample_of_token: Optional[Tensor] = None) -> Tensor:
         part = stage.partitions[1 if self.shifted else 0]
-        x = x + self.drop_path1(self.attn(x, part, norm=self.norm1), sample_of_token)
-        return x + self.drop_path2(self.mlp(x, norm=self.norm2), sample_of_token)
+        x = x + self.drop_path1(self.attn(x, part, norm=self.norm1), sample_of_token, stage.num_masks)
+        return x + self.drop_path2(self.mlp(x, norm=self.norm2), sample_of_token, stage.num_masks)
 
 
 class PatchMerging(nn.Module):

@@ -107,8 +107,8 @@ class SwinTransformerV2Block(nn.Module):
 
     def forward(self, x: Tensor, stage: StagePlan, sample_of_token: Optional[Tensor] = None) -> Tensor:
         part = stage.partitions[1 if self.shifted else 0]
-        x = x + self.drop_path1(self.norm1(self.attn(x, part)), sample_of_token)
-        return x + self.drop_path2(self.norm2(self.mlp(x)), sample_of_token)
+        x = x + self.drop_path1(self.norm1(self.attn(x, part)), sample_of_token, stage.num_masks)
+        return x + self.drop_path2(self.norm2(self.mlp(x)), sample_of_token, stage.num_masks)
 
 
 class PatchMergingV2(nn.Module):

@@ -152,8 +152,8 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path)
 
     def forward(self, x: Tensor, stage: TwinsStagePlan, sample_of_token: Optional[Tensor] = None) -> Tensor:
-        x = x + self.drop_path1(self.attn(self.norm1(x), stage), sample_of_token)
-        return x + self.drop_path2(self.mlp(x, norm=self.norm2), sample_of_token)
+        x = x + self.drop_path1(self.attn(self.norm1(x), stage), sample_of_token, stage.num_masks)
+        return x + self.drop_path2(self.mlp(x, norm=self.norm2), sample_of_token, stage.num_masks)
 
 
 class PosConv(nn.Module):
