@@ -254,10 +254,13 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
 
     step = lambda: eager_step(next_item())   # noqa: E731
     if args.graphs:
+        # the graph's memory is allocated while it is captured: the peak counts from before that
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         step = graphed_step(next_item, loss_of, eager_step, opt, row, device, info)
     for _ in range(args.warmup):
         step()
-    if device.type == "cuda":
+    if device.type == "cuda" and not args.graphs:
         torch.cuda.reset_peak_memory_stats(device)
     times = []
     for _ in range(args.steps):
