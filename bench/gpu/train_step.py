@@ -181,9 +181,7 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
                             capturable=bool(args.graphs) and device.type == "cuda")
     img = torch.randn(args.batch, 3, args.img, args.img, device=device)
     grid = args.img // 32
-    # a captured region must not keep autocast's weight copies across replays
-    amp = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=not args.graphs) if device.type == "cuda" \
-        else torch.autocast("cpu", enabled=False)
+    amp_dtype = torch.bfloat16 if device.type == "cuda" else None
     clock = Clock(device)
     per_sample = row == "per-sample"
     g0 = args.img // 4
@@ -199,33 +197,30 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
         # at each stage's window area and the group axis dynamic, so fresh masks do not recompile
         # (with --graphs the plans are padded to one capacity instead: static shapes)
         net = torch.compile(model, mode=args.compile)
+    info = {}
     if (args.compile or args.graphs) and row != "simmim":
         from greenmim.pretrain.data import Geometry
-        inline_plan = loader_plan = Geometry(model, fixed_groups=True).plan
-    info = {}
-    if args.graphs and row != "simmim":
-        # one capacity for every mask: the most groups 64 masks of the distribution take, + 2%
-        cap_gen = torch.Generator().manual_seed(args.seed + 7919)
-        cap = greenmim.group_capacity([loader_plan(unit_masks(args.batch, per_sample, args.ratio, cap_gen, grid))
-                                       for _ in range(64)])
-        info["capacity"] = cap
-        host_plan = loader_plan
+        geometry = Geometry(model, fixed_groups=True)
+        inline_plan = loader_plan = geometry.plan
+        if args.graphs:
+            # greenmim.pretrain --cuda_graphs' capacity: the most groups 64 masks take, + 2%
+            info.update(capacity=geometry.capacity_for(args.batch, per_sample, args.ratio, args.seed), counts=[])
 
-        def padded_or_none(units):
-            plan = host_plan(units)
-            try:
-                return plan.padded(cap), plan
-            except greenmim.GreenmimError:
-                return None, plan
-        inline_plan = loader_plan = padded_or_none
+            def padded(units):                 # Geometry.plan with a capacity, counting the real groups
+                plan = geometry.plan(units)
+                info["counts"].append(plan.group_counts())
+                try:
+                    return plan.padded(info["capacity"])
+                except greenmim.GreenmimError:
+                    return plan
+            inline_plan = loader_plan = padded
     ready = None
     if args.plans == "loader":   # made before the timed steps, pinned: the trainer's DataLoader
         ready = []
-        pin = (lambda t: t.pin_memory()) if device.type == "cuda" else (lambda t: t)
-        for _ in range(args.warmup + args.steps + bool(args.graphs)):   # + the graph's static inputs
+        for _ in range(args.warmup + args.steps):
             units = unit_masks(args.batch, per_sample, args.ratio, gen, grid)
             item = simmim_mask(units) if row == "simmim" else loader_plan(units)
-            ready.append(tuple(None if t is None else pin(t) for t in item) if isinstance(item, tuple) else pin(item))
+            ready.append(item.pin_memory() if device.type == "cuda" else item)
         ready = iter(ready)
 
     def next_item():
@@ -234,30 +229,35 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
         units = unit_masks(args.batch, per_sample, args.ratio, gen, grid)
         return simmim_mask(units) if row == "simmim" else inline_plan(units)
 
-    def loss_of(item):
-        with amp:
-            if row == "simmim":
-                out = net(img, item.expand(args.batch, g0, g0))
-            else:
-                out = net(img, item) if args.full else model.forward_features(img, item)   # visible tokens
-            return out.float() if args.full and row == "simmim" else \
-                (out[0].float() if args.full else out.float().square().mean())
+    def loss_of(x, item):
+        if row == "simmim":
+            out = net(x, item.expand(args.batch, g0, g0))
+        else:
+            out = net(x, item) if args.full else model.forward_features(x, item)   # visible tokens
+        return out.float() if args.full and row == "simmim" else \
+            (out[0].float() if args.full else out.float().square().mean())
 
-    def eager_step(item):
-        item = item.to(device, non_blocking=True)
-        if args.compile and not args.graphs and row != "simmim":
+    amp = torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
+
+    def step():
+        item = next_item().to(device, non_blocking=True)
+        if args.compile and row != "simmim":
             item.mark_dynamic()
-        loss = loss_of(item)
-        opt.zero_grad(set_to_none=not args.graphs)   # a graph's gradients stay where it wrote them
+        with amp:
+            loss = loss_of(img, item)
+        opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
 
-    step = lambda: eager_step(next_item())   # noqa: E731
+    graphed = None
     if args.graphs:
-        # the graph's memory is allocated while it is captured: the peak counts from before that
+        # greenmim.pretrain --cuda_graphs' own step (pretrain/graphs.py): captured once, replayed;
+        # the graph allocates its memory while captured, so the peak counts from before that
+        from greenmim.pretrain.graphs import GraphedStep
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        step = graphed_step(next_item, loss_of, eager_step, opt, row, device, info)
+        graphed = GraphedStep(model, loss_of, opt, amp_dtype, device, info.get("capacity"))
+        step = lambda: graphed.step(img, next_item())   # noqa: E731
     for _ in range(args.warmup):
         step()
     if device.type == "cuda" and not args.graphs:
@@ -270,60 +270,19 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
     if args.trace and ready is None:
         trace_steps(step, row, args, device)
-    del model, opt
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
     out = dict(row=row, ms=statistics.median(times), ms_min=min(times), peak_gib=peak, steps=args.steps)
-    if info:
+    if graphed is not None:
         cap, counts = info.get("capacity"), info.get("counts", [])
-        over = info.get("overflows", 0)
-        text = f"{row}: CUDA graph, {over} of {info.get('steps', 0)} steps overflowed (ran eagerly)"
+        text = (f"{row}: CUDA graph, {graphed.overflows} of {graphed.overflows + graphed.replays} steps ran eagerly "
+                f"(overflow)")
         if cap and counts:
             pad = 100 * (1 - statistics.mean(c[0][0] for c in counts) / cap[0][0])
             text += f"; capacity {cap}, stage 1 padded by {pad:.1f}% of its groups on average"
         print(text, flush=True)
+    del model, opt, graphed, step        # the graph holds its memory pool until it goes
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return out
-
-
-def graphed_step(next_item, loss_of, eager_step, opt, row: str, device, info: dict):
-    """The step as one CUDA graph (forward, backward, AdamW), captured once on static inputs:
-    SimMIM's mask, or greenmim's plan padded to a capacity (``MaskPlan.padded``). Each step copies
-    its new mask or plan into those inputs and replays the graph; a plan beyond the capacity
-    runs eagerly instead (counted). The host then queues a handful of calls per step."""
-    first = next_item()
-    static = first if row == "simmim" else first[0]
-    if static is None:
-        raise SystemExit("train_step: the first plan overflowed the capacity")
-    static = static.to(device)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):        # warm-up off the capture stream (also compiles, with --compile)
-        for _ in range(3):
-            opt.zero_grad(set_to_none=True)
-            loss_of(static).backward()
-            opt.step()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    opt.zero_grad(set_to_none=True)
-    with torch.cuda.graph(graph):
-        loss_of(static).backward()
-        opt.step()
-    info.update(overflows=0, steps=0, counts=[])
-
-    def step():
-        item = next_item()
-        info["steps"] += 1
-        if row == "simmim":
-            static.copy_(item, non_blocking=True)
-        else:
-            padded, plan = item
-            info["counts"].append(plan.group_counts())
-            if padded is None:
-                info["overflows"] += 1
-                return eager_step(plan)
-            static.copy_(padded, non_blocking=True)
-        graph.replay()
-    return step
 
 
 def trace_steps(step, row: str, args, device) -> None:

@@ -69,6 +69,10 @@ def parser() -> argparse.ArgumentParser:
                    help="torch.compile the model: G fixed at each stage's window area and the group axis "
                         "dynamic, so fresh masks do not recompile (docs/pretraining.md)")
     g.add_argument("--compile_backend", default="inductor", help="torch.compile's backend")
+    g.add_argument("--cuda_graphs", action="store_true",
+                   help="capture the optimizer step (forward, backward, AdamW) once as a CUDA graph and replay it: "
+                        "plans padded to one capacity; one CUDA process, --accum_iter 1, bf16 or off, Swin models "
+                        "(docs/pretraining.md)")
     g.add_argument("--fsdp", action="store_true", help="shard with FSDP2 (fully_shard) instead of DDP")
     g = p.add_argument_group("data")
     g.add_argument("--data_path", default=None,
@@ -120,5 +124,13 @@ def validate(args) -> None:
         raise UsageError(f"--data_path {args.data_path}: no such folder")
     if args.resume not in ("", "auto") and not os.path.isfile(args.resume):
         raise UsageError(f"--resume {args.resume}: no such file")
+    if args.cuda_graphs:
+        why = [w for w, bad in (("--fsdp", args.fsdp), (f"--accum_iter {args.accum_iter}", args.accum_iter != 1),
+                                ("--amp fp16 (its GradScaler reads the device each step; use bf16)", args.amp == "fp16"),
+                                ("--decoder_order released (drawn on the host each step)",
+                                 args.decoder_order == "released"),
+                                (f"{args.model} (Twins plans are not padded yet)", "twins" in args.model)) if bad]
+        if why:
+            raise UsageError(f"--cuda_graphs does not take {', '.join(why)}: drop them, or drop --cuda_graphs")
     if args.resume == "auto" and not args.output_dir:
         raise UsageError("--resume auto looks in --output_dir, which is empty")

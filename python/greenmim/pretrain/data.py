@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from .. import indices
+from .._lib import GreenmimError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -164,6 +165,7 @@ class Geometry:
     def __init__(self, model, fixed_groups: bool = False):
         enc = model.encoder
         self.group_size = -1 if fixed_groups else 0  # -1: G = each stage's window area (--compile)
+        self.capacity = None                         # --cuda_graphs: plans padded to it (capacity_for)
         self.grid = model.grid                    # mask units per side (the last stage's grid)
         self.img_size, self.patch_size, self.window = enc.img_size, enc.patch_size, enc.window_size
         self.spec = enc.plan_spec(self.group_size) if hasattr(enc, "plan_spec") else None
@@ -173,9 +175,27 @@ class Geometry:
     def plan(self, masks: Tensor):
         if self.spec is not None:
             return self.spec.plan(masks, device="cpu", cache=False)
-        return indices.plan_masks(masks, img_size=self.img_size, patch_size=self.patch_size, window_size=self.window,
+        plan = indices.plan_masks(masks, img_size=self.img_size, patch_size=self.patch_size, window_size=self.window,
                                   num_stages=self.num_stages, embed_dim=self.embed_dim, strategy=self.strategy,
                                   device="cpu", cache=False, group_size=self.group_size)
+        if self.capacity is not None:
+            try:
+                return plan.padded(self.capacity)
+            except GreenmimError:
+                return plan                       # an overflow: this step runs eagerly (graphs.GraphedStep)
+        return plan
+
+    def capacity_for(self, batch: int, per_sample: bool, mask_ratio: float, seed: int, samples: int = 64) -> tuple:
+        """The group capacity of this run's plans (``--cuda_graphs``): from ``samples`` masks of its
+        distribution (``greenmim.group_capacity``), drawn from their own generator."""
+        g = torch.Generator().manual_seed(seed ^ 0x6A09E667)
+        kept, self.capacity = self.capacity, None
+        try:
+            plans = [self.plan(indices.random_masks(batch if per_sample else None, grid=self.grid, ratio=mask_ratio,
+                                                    generator=g)) for _ in range(samples)]
+        finally:
+            self.capacity = kept
+        return indices.group_capacity(plans)
 
 
 class MicroBatches(torch.utils.data.Dataset):

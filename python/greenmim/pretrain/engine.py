@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from .. import mim
-from . import data, dist, optim, report, state
+from . import data, dist, graphs, optim, report, state
 from .args import UsageError
 
 SMALL_MODELS = ("green_mim_swin_nano_patch4_dec128b1", "green_mim_swin_tiny_patch4_dec512b1",
@@ -43,7 +43,10 @@ def run(args, ctx: dist.Context) -> dict:
     model = build_model(args)
     amp = amp_dtype(args, ctx.device)
     images = images_of(args)
-    geometry = data.Geometry(model, fixed_groups=args.compile)
+    if args.cuda_graphs and (ctx.device.type != "cuda" or ctx.distributed):
+        raise UsageError("--cuda_graphs needs one process on a CUDA device "
+                         f"(here: {ctx.world} process(es) on {ctx.device.type}); drop it to train eagerly")
+    geometry = data.Geometry(model, fixed_groups=args.compile or args.cuda_graphs)
     sampler = data.StepSampler(len(images), args.batch_size, args.accum_iter, ctx.world, ctx.rank, args.seed)
     spe = sampler.steps_per_epoch
     if spe == 0:
@@ -56,7 +59,7 @@ def run(args, ctx: dist.Context) -> dict:
     config = model.config
     wrapped = dist.wrap(model, ctx)
     opt = optim.adamw(wrapped if ctx.fsdp else model, lr, args.weight_decay,
-                      fused=ctx.device.type == "cuda" and not ctx.fsdp)
+                      fused=ctx.device.type == "cuda" and not ctx.fsdp, capturable=args.cuda_graphs)
     scaler = torch.amp.GradScaler(ctx.device.type) if amp == torch.float16 else None
     step = 0
     out = args.output_dir
@@ -68,6 +71,11 @@ def run(args, ctx: dist.Context) -> dict:
     if resume:
         _, step = state.load(resume, wrapped, opt, scaler, config, ctx)
     net = torch.compile(wrapped, backend=args.compile_backend) if args.compile else wrapped
+    graphed = None
+    if args.cuda_graphs:
+        graphs.tensor_lr(opt, ctx.device)
+        geometry.capacity = geometry.capacity_for(args.batch_size, args.per_sample_masks, args.mask_ratio, args.seed)
+        graphed = graphs.GraphedStep(net, lambda x, p: net(x, p)[0], opt, amp, ctx.device, geometry.capacity)
     workers = data.worker_count(args.num_workers)
     ds = data.MicroBatches(images, geometry.img_size, geometry, args.mask_ratio, args.per_sample_masks, args.seed)
     rep = report.Reporter(ctx.main, out, args.log_dir, args.print_freq, total, spe,
@@ -91,6 +99,13 @@ def run(args, ctx: dist.Context) -> dict:
                     optim.set_lr(opt, value)
                     torch.manual_seed(data.derive_seed(args.seed, ctx.rank, step, 1))  # drop path, dropout
                     losses = []
+                if graphed is not None:                   # --cuda_graphs (accum_iter 1): the whole step
+                    loss = graphed.step(imgs, plan)
+                    losses.append(loss.float())
+                    step = _after_step(step, losses, ctx, summary, epoch_losses, rep, epoch, value)
+                    if step >= total:
+                        break
+                    continue
                 imgs = imgs.to(ctx.device, non_blocking=True)
                 plan = plan.to(ctx.device, non_blocking=True)
                 if args.compile:
@@ -113,15 +128,7 @@ def run(args, ctx: dist.Context) -> dict:
                 else:
                     opt.step()
                 opt.zero_grad(set_to_none=True)
-                step += 1
-                mean_loss = dist.mean(torch.stack(losses).mean(), ctx)
-                if not math.isfinite(mean_loss):
-                    raise LossNotFinite(f"the loss is {mean_loss} at step {step}: stopping (lower --lr or --blr, "
-                                        f"or try --amp bf16 / off)")
-                epoch_losses.append(mean_loss)
-                summary["loss"] = mean_loss
-                summary["losses"].append(mean_loss)
-                rep.step(step, epoch, mean_loss, opt.param_groups[0]["lr"])
+                step = _after_step(step, losses, ctx, summary, epoch_losses, rep, epoch, value)
                 if step >= total:
                     break
             epoch_end = step % spe == 0
@@ -136,6 +143,10 @@ def run(args, ctx: dist.Context) -> dict:
             if last or (epoch_end and (epoch + 1) % args.vis_freq == 0):
                 summary.update(_visualise(model, vis_imgs, vis_masks, args, ctx, epoch, rep))
         summary["steps"] = step
+        if graphed is not None:
+            summary["graph_replays"], summary["graph_overflows"] = graphed.replays, graphed.overflows
+            rep.print(f"greenmim.pretrain: CUDA graph: {graphed.replays} step(s) replayed, {graphed.overflows} ran "
+                      f"eagerly (their plans exceeded the capacity {geometry.capacity})")
         if args.compile:
             from torch._dynamo.utils import counters
             summary["graphs"] = counters["stats"]["unique_graphs"]
@@ -144,6 +155,22 @@ def run(args, ctx: dist.Context) -> dict:
     finally:
         rep.close()
     return summary
+
+
+def _after_step(step: int, losses: list, ctx, summary: dict, epoch_losses: list, rep, epoch: int,
+                lr: float) -> int:
+    """The bookkeeping of an optimizer step: the mean loss over micro-batches and ranks, its check,
+    the summary and the report. Returns the new step count."""
+    step += 1
+    mean_loss = dist.mean(torch.stack(losses).mean(), ctx)
+    if not math.isfinite(mean_loss):
+        raise LossNotFinite(f"the loss is {mean_loss} at step {step}: stopping (lower --lr or --blr, "
+                            f"or try --amp bf16 / off)")
+    epoch_losses.append(mean_loss)
+    summary["loss"] = mean_loss
+    summary["losses"].append(mean_loss)
+    rep.step(step, epoch, mean_loss, lr)
+    return step
 
 
 def _visualise(model, vis_imgs, vis_masks, args, ctx, epoch: int, rep) -> dict:
@@ -183,7 +210,7 @@ def _header(rep, args, model, images, sampler, geometry, lr, amp, ctx, workers, 
               f"weight decay {args.weight_decay:g}")
     mode = "FSDP2" if ctx.fsdp else ("DDP" if ctx.distributed else "one process")
     rep.print(f"  {ctx.device}, {str(amp).replace('torch.', '') if amp else 'float32'}, {mode}"
-              f"{', torch.compile' if args.compile else ''}; output {args.output_dir or '(none)'} (checkpoints every "
+              f"{', torch.compile' if args.compile else ''}{', CUDA graphs' if args.cuda_graphs else ''}; output {args.output_dir or '(none)'} (checkpoints every "
               f"{args.save_freq} epochs, reconstructions every {args.vis_freq}, log.jsonl)")
     if resume:
         rep.print(f"  resumed from {resume} at step {step}")

@@ -26,12 +26,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> List[dict]:
     return [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
 
 
-def adamw(model: nn.Module, lr: float, weight_decay: float, fused: bool = False) -> torch.optim.AdamW:
+def adamw(model: nn.Module, lr: float, weight_decay: float, fused: bool = False,
+          capturable: bool = False) -> torch.optim.AdamW:
     """``fused``: torch's fused AdamW (a few kernels per step instead of foreach's hundreds; on an
     H200 the foreach update took 19% of a GreenMIM Swin-B step's GPU time,
     docs/perf/NVIDIA_H200_2026-11-26b). The trainer asks for it on CUDA without FSDP; the update's
-    arithmetic is AdamW's either way, not its bits."""
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.95), fused=fused or None)
+    arithmetic is AdamW's either way, not its bits. ``capturable``: the step count on the device,
+    for a step captured in a CUDA graph (``--cuda_graphs``)."""
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.95), fused=fused or None,
+                             capturable=capturable)
 
 
 def lr_at(epoch: float, lr: float, min_lr: float, warmup_epochs: float, epochs: float) -> float:
@@ -43,5 +46,10 @@ def lr_at(epoch: float, lr: float, min_lr: float, warmup_epochs: float, epochs: 
 
 
 def set_lr(opt: torch.optim.Optimizer, value: float) -> None:
+    """A device-tensor learning rate (``--cuda_graphs``: a replayed AdamW reads it) is filled in
+    place; a float is replaced."""
     for g in opt.param_groups:
-        g["lr"] = value
+        if isinstance(g["lr"], torch.Tensor):
+            g["lr"].fill_(value)
+        else:
+            g["lr"] = value

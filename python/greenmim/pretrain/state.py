@@ -50,6 +50,9 @@ def save(path: str, model, opt, scaler, epoch: int, step: int, args, config: dic
     model_sd, opt_sd = _full_state(model, opt, ctx)
     if not ctx.main:
         return None
+    for g in opt_sd.get("param_groups", ()):       # --cuda_graphs keeps lr on the device: save a number
+        if isinstance(g.get("lr"), torch.Tensor):
+            g["lr"] = float(g["lr"])
     obj = {"model": model_sd, "optimizer": opt_sd, "scaler": scaler.state_dict() if scaler is not None else None,
            "epoch": epoch, "step": step, "args": vars(args), "config": config, "rng": rng_state(),
            "meta": {"greenmim": _version(), "world_size": ctx.world, "written": datetime.datetime.now().isoformat(),
@@ -103,6 +106,9 @@ def check_config(saved: dict, config: dict, path: str) -> None:
                          f"{_describe(saved)}; this run builds {_describe(config)}")
 
 
+_STEP_FLAGS = ("fused", "foreach", "capturable", "differentiable")
+
+
 def load(path: str, model, opt, scaler, config: dict, ctx: Context) -> Tuple[int, int]:
     """Restores model, optimizer, scaler and RNG states; returns (epoch, step) to continue from."""
     obj = torch.load(path, map_location="cpu", weights_only=False)
@@ -124,7 +130,11 @@ def load(path: str, model, opt, scaler, config: dict, ctx: Context) -> Tuple[int
         set_optimizer_state_dict(model, opt, obj["optimizer"], options=o)
     else:
         unwrap(model).load_state_dict(sd)
+        # how this run steps (fused, capturable for --cuda_graphs, ...) is its own, not the checkpoint's
+        flags = [{k: g[k] for k in _STEP_FLAGS if k in g} for g in opt.param_groups]
         opt.load_state_dict(obj["optimizer"])
+        for g, f in zip(opt.param_groups, flags):
+            g.update(f)
     if scaler is not None and obj.get("scaler"):
         scaler.load_state_dict(obj["scaler"])
     if "rng" in obj:

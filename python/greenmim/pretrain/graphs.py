@@ -1,0 +1,146 @@
+"""``--cuda_graphs``: the optimizer step (forward, backward, AdamW) captured once as a CUDA graph
+and replayed on every batch.
+
+Why: in eager PyTorch a GreenMIM step is host-bound. Swin-B's step queues about 1,600 kernels
+for 25 ms of GPU work, and the host's per-op Python took 45-80 ms on an H200 machine. Replayed
+as one graph, the same step took 25.3 ms: 4.7x SimMIM's. Compiled and replayed, it took
+15.5 ms: 4.1x SimMIM compiled and replayed (docs/perf/NVIDIA_H200_2026-11-26c).
+
+How:
+- A graph replays fixed shapes at fixed addresses. Every plan is therefore padded to one
+  capacity (:meth:`greenmim.MaskPlan.padded`; ``Geometry.capacity``, planned in the loader
+  workers). Each step copies its images and plan into the captured inputs and replays.
+- A plan beyond the capacity runs eagerly on the same parameters, gradients and optimizer
+  state, and is counted.
+- The learning rate is a device tensor that the schedule fills in place, so the replayed AdamW
+  reads each step's value. A float would be frozen into the graph.
+- Capture needs warm-up runs first: lazy initialisations must not land in the graph, and
+  AdamW's state must exist, or every replay would zero it again. The warm-up runs real steps
+  on the first batch, then puts back the parameters, buffers and optimizer state as they were.
+  So the run trains exactly the steps it reports, and a resumed run continues from its
+  checkpoint.
+
+Scope (``validate``): one process, CUDA, ``--accum_iter 1``, bf16 or float32, Swin models, the
+greenmim decoder order. ``graph_api`` lets tests run the same logic on the CPU, with a stand-in
+that replays by running the captured function again.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Optional
+
+import torch
+
+from ..indices import MaskPlan
+
+
+class _CudaGraphs:
+    """torch.cuda's graphs: warm-up on a side stream, capture, replay."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    @contextlib.contextmanager
+    def side_stream(self):
+        s = torch.cuda.Stream(self.device)
+        s.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(s):
+            yield
+        torch.cuda.current_stream(self.device).wait_stream(s)
+
+    def capture(self, fn: Callable[[], torch.Tensor]):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        return graph, out
+
+
+def tensor_lr(opt: torch.optim.Optimizer, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
+    """Each param group's learning rate as a device tensor (filled in place by ``optim.set_lr``),
+    so a captured AdamW reads the current value. float32, as the fused AdamW computes."""
+    for g in opt.param_groups:
+        if not isinstance(g["lr"], torch.Tensor):
+            g["lr"] = torch.tensor(float(g["lr"]), dtype=dtype, device=device)
+
+
+class GraphedStep:
+    """``step(imgs, item) -> loss`` (a fresh tensor): one optimizer step, replayed from a graph.
+
+    ``loss_fn(imgs, item)`` is the step's loss. It runs under autocast to ``amp``, without the
+    weight cache, which must not live inside a captured region. ``item`` is the step's mask
+    input. A :class:`~greenmim.MaskPlan` is captured on the first plan at ``capacity``
+    (``MaskPlan.group_counts()``), and later plans must share its shapes. A tensor (SimMIM's
+    mask, in the benchmark) must keep its shape. ``module`` holds the parameters and buffers that
+    the warm-up must leave as it found them. ``overflows`` counts the steps that ran eagerly,
+    ``replays`` the others."""
+
+    def __init__(self, module: torch.nn.Module, loss_fn: Callable, opt: torch.optim.Optimizer,
+                 amp: Optional[torch.dtype], device: torch.device, capacity: Optional[tuple] = None,
+                 warmup: int = 3, graph_api=None):
+        self.module, self.loss_fn, self.opt, self.amp, self.device = module, loss_fn, opt, amp, device
+        self.capacity = None if capacity is None else tuple(tuple(c) for c in capacity)
+        self.warmup = warmup
+        self.api = graph_api if graph_api is not None else _CudaGraphs(device)
+        self.graph = self.loss = self.imgs = self.item = None
+        self.overflows = self.replays = 0
+
+    def _train(self, imgs: torch.Tensor, item) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None, cache_enabled=False):
+            loss = self.loss_fn(imgs, item)
+        loss.backward()
+        self.opt.step()
+        return loss.detach()
+
+    def _fits(self, imgs: torch.Tensor, item) -> bool:
+        """Whether the captured graph can take this step's inputs (before the capture: whether
+        they are the inputs to capture on)."""
+        if self.graph is None:
+            return not isinstance(item, MaskPlan) or self.capacity is None or item.group_counts() == self.capacity
+        if imgs.shape != self.imgs.shape:
+            return False
+        if isinstance(item, MaskPlan):
+            return item.shape_key() == self.item.shape_key()
+        return item.shape == self.item.shape and item.dtype == self.item.dtype
+
+    def _capture(self, imgs: torch.Tensor, item) -> None:
+        saved = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        opt_state = {id(p): {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+                     for p, s in self.opt.state.items()}
+        self.imgs = imgs.to(self.device, copy=True)
+        item = item.to(self.device, non_blocking=True)
+        self.item = MaskPlan(item.arena.clone(), item.layout) if isinstance(item, MaskPlan) else item.clone()
+        with self.api.side_stream():
+            for _ in range(self.warmup):
+                self.opt.zero_grad(set_to_none=True)
+                self._train(self.imgs, self.item)
+        with torch.no_grad():            # the warm-up's updates undone: the run trains what it reports
+            for k, v in self.module.state_dict().items():
+                v.copy_(saved[k])
+            for p, s in self.opt.state.items():
+                old = opt_state.get(id(p))
+                for k, v in s.items():
+                    if isinstance(v, torch.Tensor):
+                        if old is None:
+                            v.zero_()    # state the warm-up created: as a fresh optimizer has it
+                        else:
+                            v.copy_(old[k])
+        self.opt.zero_grad(set_to_none=True)   # the graph allocates the gradients it writes
+        self.graph, self.loss = self.api.capture(lambda: self._train(self.imgs, self.item))
+
+    def step(self, imgs: torch.Tensor, item) -> torch.Tensor:
+        if not self._fits(imgs, item):
+            return self._eager(imgs, item)
+        if self.graph is None:
+            self._capture(imgs, item)
+        else:
+            self.imgs.copy_(imgs, non_blocking=True)
+            self.item.copy_(item, non_blocking=True)
+        self.graph.replay()
+        self.replays += 1
+        return self.loss.clone()
+
+    def _eager(self, imgs: torch.Tensor, item) -> torch.Tensor:
+        """Inputs the graph cannot take: the same step, eagerly, on the same gradient tensors."""
+        self.overflows += 1
+        self.opt.zero_grad(set_to_none=self.graph is None)
+        return self._train(imgs.to(self.device, non_blocking=True), item.to(self.device, non_blocking=True))
