@@ -196,6 +196,11 @@ for gm_model in swin_base_patch4_window7_224 swin_large_patch4_window7_224 twins
   # the whole pretraining models (GreenMIM vs SimMIM with their decoders and losses)
   py_step "train step full ${gm_model%%_patch*}" "$GM_LOG/train_step.log" bench/gpu/train_step.py --model "$gm_model" \
     --batch "$BATCH" --full --no-breakdown --csv "$GM_LOG/train_step_full_${gm_model%%_patch*}.csv"
+  # the step as one CUDA graph (greenmim.pretrain --cuda_graphs' GraphedStep; Swin models): the
+  # host-bound eager step's real comparison, all rows captured alike
+  [ "$gm_model" != twins_svt_large ] && py_step "train step graphs ${gm_model%%_patch*}" "$GM_LOG/train_step.log" \
+    bench/gpu/train_step.py --model "$gm_model" --batch "$BATCH" --full --no-breakdown --plans loader --graphs \
+    --csv "$GM_LOG/train_step_graphs_${gm_model%%_patch*}.csv"
   # the same with the trainer's plan pipeline (planned and pinned ahead, copied asynchronously);
   # Swin-B and Twins-L only, to keep the sanitizer steps inside BUDGET
   [ "$gm_model" = swin_large_patch4_window7_224 ] && continue
@@ -205,7 +210,7 @@ for gm_model in swin_base_patch4_window7_224 swin_large_patch4_window7_224 twins
 done
 # greenmim.pretrain on CUDA: 30 steps of the nano model (bf16, pinned plans from 4 workers), per-sample
 # masks, then the same compiled (one graph expected: its last line says how many), then fp16 with
-# its GradScaler. The device machine
+# its GradScaler, then the step as a CUDA graph (--cuda_graphs; same seed: its losses track eager's). The device machine
 # has no network, so the images are written here (noise PNGs; scikit-image's photos may be absent).
 if [ "$GM_HAVE_TORCH" -eq 1 ]; then
   env "${GM_PY_ENV[@]}" "$PYTHON" - "$GM_SCRATCH/images/noise" <<'PYEOF' || say "pretrain: could not write images"
@@ -218,10 +223,11 @@ for i in range(640):
     Image.fromarray(a).save(os.path.join(sys.argv[1], f"{i}.png"))
 PYEOF
 fi
-for gm_mode in eager compile fp16; do
+for gm_mode in eager compile fp16 graphs; do
   gm_extra=()
   [ "$gm_mode" = compile ] && gm_extra=(--compile)
   [ "$gm_mode" = fp16 ] && gm_extra=(--amp fp16)
+  [ "$gm_mode" = graphs ] && gm_extra=(--cuda_graphs)   # its last lines: replays and overflows
   py_step "pretrain cuda $gm_mode" "$GM_LOG/pretrain.log" -m greenmim.pretrain --model green_mim_swin_nano_patch4_dec128b1 \
     --data_path "$GM_SCRATCH/images" --batch_size 64 --epochs 3 --warmup_epochs 1 --lr 1e-3 --max_steps 30 \
     --per_sample_masks --num_workers 4 --output_dir "$GM_SCRATCH/pretrain_$gm_mode" --print_freq 10 --device cuda \
