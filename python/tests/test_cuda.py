@@ -111,3 +111,42 @@ def test_greenmim_loss_on_cuda_equals_cpu(per_sample):
         losses.append(loss.detach().cpu())
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-5)
     _grads_close(gpu, cpu, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_cuda_graph_steps_equal_eager_steps(per_sample):
+    """greenmim.pretrain --cuda_graphs' GraphedStep with a real CUDA graph (fused, capturable AdamW,
+    a device-tensor learning rate, padded plans; one overflow) against eager steps of a twin
+    model on the same batches, float32."""
+    from greenmim.pretrain import data, graphs, optim
+    pair = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        m = greenmim.create_model("green_mim_swin_nano_patch4_dec128b1").cuda()
+        pair.append((m, torch.optim.AdamW(optim.param_groups(m, 0.05), lr=1e-3, betas=(0.9, 0.95), fused=True,
+                                          capturable=True)))
+    (ref, ref_opt), (model, opt) = pair
+    graphs.tensor_lr(ref_opt, torch.device("cuda"))
+    graphs.tensor_lr(opt, torch.device("cuda"))
+    B = 4
+    geo = data.Geometry(model, fixed_groups=True)
+    geo.capacity = geo.capacity_for(B, per_sample, 0.75, seed=3, samples=16)
+    step = graphs.GraphedStep(model, lambda x, p: model(x, p)[0], opt, None, torch.device("cuda"), geo.capacity)
+    gen = torch.Generator().manual_seed(5)
+    over = 0
+    for k in range(6):
+        for o in (ref_opt, opt):
+            optim.set_lr(o, 1e-3 * (1 - 0.1 * k))
+        masks = ref.random_masks(B if per_sample else None, generator=gen)
+        plan = model.plan(masks, cache=False) if k == 3 else geo.plan(masks)   # k = 3: G swept, not padded
+        over += plan.group_counts() != geo.capacity
+        img = torch.randn(B, 3, 224, 224, generator=gen).cuda()
+        ref_opt.zero_grad(set_to_none=True)
+        want = ref(img, plan.to("cuda"))[0]
+        want.backward()
+        ref_opt.step()
+        got = step.step(img, plan.pin_memory())
+        torch.testing.assert_close(got, want.detach(), rtol=1e-4, atol=1e-6)
+    assert step.replays + step.overflows == 6 and step.overflows == over
+    for (n, p), q in zip(ref.named_parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-3, atol=1e-5, msg=n)
