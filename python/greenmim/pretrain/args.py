@@ -70,9 +70,9 @@ def parser() -> argparse.ArgumentParser:
                         "dynamic, so fresh masks do not recompile (docs/pretraining.md)")
     g.add_argument("--compile_backend", default="inductor", help="torch.compile's backend")
     g.add_argument("--cuda_graphs", action="store_true",
-                   help="capture the optimizer step (forward, backward, AdamW) once as a CUDA graph and replay it: "
-                        "plans padded to one capacity; one CUDA process, --accum_iter 1, bf16 or off, Swin models "
-                        "(docs/pretraining.md)")
+                   help="capture the step (forward, backward; AdamW too in one process) once as a CUDA graph and "
+                        "replay it: plans padded to one capacity; CUDA, one process or torchrun without --fsdp, "
+                        "--accum_iter 1, bf16 or off, Swin models (docs/pretraining.md)")
     g.add_argument("--fsdp", action="store_true", help="shard with FSDP2 (fully_shard) instead of DDP")
     g = p.add_argument_group("data")
     g.add_argument("--data_path", default=None,

@@ -73,6 +73,27 @@ def wrap(model: nn.Module, ctx: Context) -> nn.Module:
     return nn.parallel.DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
 
 
+def broadcast_state(model: nn.Module, ctx: Context) -> None:
+    """Rank 0's parameters and buffers on every rank (what DDP does when it wraps a model; the
+    ``--cuda_graphs`` path averages gradients itself and wraps nothing)."""
+    if ctx.distributed:
+        with torch.no_grad():
+            for t in model.state_dict().values():
+                torch_dist.broadcast(t, 0)
+
+
+def average_gradients(ctx: Context):
+    """``fn(flat)``: the flat gradient buffer averaged over ranks in place (one all-reduce; the
+    ``--cuda_graphs`` path calls it after each replayed backward). None in one process."""
+    if not ctx.distributed:
+        return None
+
+    def fn(flat: torch.Tensor) -> None:
+        torch_dist.all_reduce(flat)
+        flat.div_(ctx.world)
+    return fn
+
+
 def no_sync(model: nn.Module, ctx: Context, sync: bool):
     """Gradient all-reduce only on the last micro-batch of an accumulation."""
     if sync or not ctx.distributed:

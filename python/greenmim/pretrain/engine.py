@@ -43,9 +43,8 @@ def run(args, ctx: dist.Context) -> dict:
     model = build_model(args)
     amp = amp_dtype(args, ctx.device)
     images = images_of(args)
-    if args.cuda_graphs and (ctx.device.type != "cuda" or ctx.distributed):
-        raise UsageError("--cuda_graphs needs one process on a CUDA device "
-                         f"(here: {ctx.world} process(es) on {ctx.device.type}); drop it to train eagerly")
+    if args.cuda_graphs and ctx.device.type != "cuda":
+        raise UsageError(f"--cuda_graphs needs a CUDA device (here: {ctx.device.type}); drop it to train eagerly")
     geometry = data.Geometry(model, fixed_groups=args.compile or args.cuda_graphs)
     sampler = data.StepSampler(len(images), args.batch_size, args.accum_iter, ctx.world, ctx.rank, args.seed)
     spe = sampler.steps_per_epoch
@@ -57,7 +56,8 @@ def run(args, ctx: dist.Context) -> dict:
     lr = args.lr if args.lr is not None else args.blr * sampler.global_batch / 256
     model.to(ctx.device)
     config = model.config
-    wrapped = dist.wrap(model, ctx)
+    # --cuda_graphs averages the gradients itself (one all-reduce after each replay): no DDP wrapper
+    wrapped = model if args.cuda_graphs else dist.wrap(model, ctx)
     opt = optim.adamw(wrapped if ctx.fsdp else model, lr, args.weight_decay,
                       fused=ctx.device.type == "cuda" and not ctx.fsdp, capturable=args.cuda_graphs)
     scaler = torch.amp.GradScaler(ctx.device.type) if amp == torch.float16 else None
@@ -75,7 +75,9 @@ def run(args, ctx: dist.Context) -> dict:
     if args.cuda_graphs:
         graphs.tensor_lr(opt, ctx.device)
         geometry.capacity = geometry.capacity_for(args.batch_size, args.per_sample_masks, args.mask_ratio, args.seed)
-        graphed = graphs.GraphedStep(net, lambda x, p: net(x, p)[0], opt, amp, ctx.device, geometry.capacity)
+        dist.broadcast_state(model, ctx)
+        graphed = graphs.GraphedStep(net, lambda x, p: net(x, p)[0], opt, amp, ctx.device, geometry.capacity,
+                                     grad_sync=dist.average_gradients(ctx))
     workers = data.worker_count(args.num_workers)
     ds = data.MicroBatches(images, geometry.img_size, geometry, args.mask_ratio, args.per_sample_masks, args.seed)
     rep = report.Reporter(ctx.main, out, args.log_dir, args.print_freq, total, spe,
@@ -208,7 +210,9 @@ def _header(rep, args, model, images, sampler, geometry, lr, amp, ctx, workers, 
               f"({args.epochs} epochs{f', --max_steps {args.max_steps}' if args.max_steps else ''}); lr {lr:.3g} "
               f"(blr {args.blr:g}), warm-up {args.warmup_epochs:g} epochs, cosine to {args.min_lr:g}; AdamW (0.9, 0.95), "
               f"weight decay {args.weight_decay:g}")
-    mode = "FSDP2" if ctx.fsdp else ("DDP" if ctx.distributed else "one process")
+    mode = "FSDP2" if ctx.fsdp else ("DDP" if ctx.distributed and not args.cuda_graphs else
+                                     (f"{ctx.world} processes, gradients averaged after each graph" if ctx.distributed
+                                      else "one process"))
     rep.print(f"  {ctx.device}, {str(amp).replace('torch.', '') if amp else 'float32'}, {mode}"
               f"{', torch.compile' if args.compile else ''}{', CUDA graphs' if args.cuda_graphs else ''}; output {args.output_dir or '(none)'} (checkpoints every "
               f"{args.save_freq} epochs, reconstructions every {args.vis_freq}, log.jsonl)")

@@ -12,17 +12,21 @@ How:
   workers). Each step copies its images and plan into the captured inputs and replays.
 - A plan beyond the capacity runs eagerly on the same parameters, gradients and optimizer
   state, and is counted.
+- The gradients are views of one flat buffer. With several processes the graph holds the
+  forward and backward only. One all-reduce of that buffer follows eagerly, then AdamW. There
+  is no DDP wrapper and no collective inside a graph, and every process makes exactly one
+  all-reduce per step, replayed or not.
 - The learning rate is a device tensor that the schedule fills in place, so the replayed AdamW
   reads each step's value. A float would be frozen into the graph.
 - Capture needs warm-up runs first: lazy initialisations must not land in the graph, and
-  AdamW's state must exist, or every replay would zero it again. The warm-up runs real steps
-  on the first batch, then puts back the parameters, buffers and optimizer state as they were.
-  So the run trains exactly the steps it reports, and a resumed run continues from its
-  checkpoint.
+  AdamW's state must exist, or every replay would zero it again. The warm-up runs local steps
+  (no collective) on the first batch, then puts back the parameters, buffers and optimizer state
+  as they were. So the run trains exactly the steps it reports, and a resumed run continues
+  from its checkpoint.
 
-Scope (``validate``): one process, CUDA, ``--accum_iter 1``, bf16 or float32, Swin models, the
-greenmim decoder order. ``graph_api`` lets tests run the same logic on the CPU, with a stand-in
-that replays by running the captured function again.
+Scope (``args.validate``): CUDA, one process or torchrun without ``--fsdp``, ``--accum_iter 1``,
+bf16 or float32, Swin models, the greenmim decoder order. ``graph_api`` lets tests run the same
+logic on the CPU, with a stand-in that replays by running the captured function again.
 """
 from __future__ import annotations
 
@@ -72,24 +76,47 @@ class GraphedStep:
     (``MaskPlan.group_counts()``), and later plans must share its shapes. A tensor (SimMIM's
     mask, in the benchmark) must keep its shape. ``module`` holds the parameters and buffers that
     the warm-up must leave as it found them. ``overflows`` counts the steps that ran eagerly,
-    ``replays`` the others."""
+    ``replays`` the others.
+
+    The gradients are views of one flat buffer, ``flat``. The graph zeroes it and the backward
+    accumulates into it. With ``grad_sync`` (many processes) the graph holds the forward and the
+    backward only. ``grad_sync(flat)`` then averages the buffer across processes, eagerly and
+    outside the graph: one collective per step, whatever ran, so processes whose plans overflow
+    at different steps stay in step. The optimizer step follows, also eagerly. Without
+    ``grad_sync`` the optimizer step is in the graph too."""
 
     def __init__(self, module: torch.nn.Module, loss_fn: Callable, opt: torch.optim.Optimizer,
                  amp: Optional[torch.dtype], device: torch.device, capacity: Optional[tuple] = None,
-                 warmup: int = 3, graph_api=None):
+                 warmup: int = 3, graph_api=None, grad_sync: Optional[Callable[[torch.Tensor], None]] = None):
         self.module, self.loss_fn, self.opt, self.amp, self.device = module, loss_fn, opt, amp, device
         self.capacity = None if capacity is None else tuple(tuple(c) for c in capacity)
-        self.warmup = warmup
+        self.warmup, self.grad_sync = warmup, grad_sync
         self.api = graph_api if graph_api is not None else _CudaGraphs(device)
         self.graph = self.loss = self.imgs = self.item = None
         self.overflows = self.replays = 0
+        params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) != 1:
+            raise ValueError(f"GraphedStep: the parameters have several dtypes {dtypes}; one flat gradient buffer "
+                             f"needs one")
+        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+        at = 0
+        for p in params:
+            p.grad = self.flat[at:at + p.numel()].view_as(p)
+            at += p.numel()
 
-    def _train(self, imgs: torch.Tensor, item) -> torch.Tensor:
+    def _forward_backward(self, imgs: torch.Tensor, item) -> torch.Tensor:
+        self.flat.zero_()
         with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None, cache_enabled=False):
             loss = self.loss_fn(imgs, item)
-        loss.backward()
-        self.opt.step()
+        loss.backward()                  # accumulates into the views of flat
         return loss.detach()
+
+    def _captured(self) -> torch.Tensor:
+        loss = self._forward_backward(self.imgs, self.item)
+        if self.grad_sync is None:
+            self.opt.step()
+        return loss
 
     def _fits(self, imgs: torch.Tensor, item) -> bool:
         """Whether the captured graph can take this step's inputs (before the capture: whether
@@ -109,10 +136,10 @@ class GraphedStep:
         self.imgs = imgs.to(self.device, copy=True)
         item = item.to(self.device, non_blocking=True)
         self.item = MaskPlan(item.arena.clone(), item.layout) if isinstance(item, MaskPlan) else item.clone()
-        with self.api.side_stream():
+        with self.api.side_stream():     # local steps only: no collective (other processes may not capture now)
             for _ in range(self.warmup):
-                self.opt.zero_grad(set_to_none=True)
-                self._train(self.imgs, self.item)
+                self._forward_backward(self.imgs, self.item)
+                self.opt.step()
         with torch.no_grad():            # the warm-up's updates undone: the run trains what it reports
             for k, v in self.module.state_dict().items():
                 v.copy_(saved[k])
@@ -124,8 +151,7 @@ class GraphedStep:
                             v.zero_()    # state the warm-up created: as a fresh optimizer has it
                         else:
                             v.copy_(old[k])
-        self.opt.zero_grad(set_to_none=True)   # the graph allocates the gradients it writes
-        self.graph, self.loss = self.api.capture(lambda: self._train(self.imgs, self.item))
+        self.graph, self.loss = self.api.capture(self._captured)
 
     def step(self, imgs: torch.Tensor, item) -> torch.Tensor:
         if not self._fits(imgs, item):
@@ -137,10 +163,17 @@ class GraphedStep:
             self.item.copy_(item, non_blocking=True)
         self.graph.replay()
         self.replays += 1
-        return self.loss.clone()
+        loss = self.loss.clone()
+        if self.grad_sync is not None:
+            self.grad_sync(self.flat)
+            self.opt.step()
+        return loss
 
     def _eager(self, imgs: torch.Tensor, item) -> torch.Tensor:
-        """Inputs the graph cannot take: the same step, eagerly, on the same gradient tensors."""
+        """Inputs the graph cannot take: the same step, eagerly, on the same gradient buffer."""
         self.overflows += 1
-        self.opt.zero_grad(set_to_none=self.graph is None)
-        return self._train(imgs.to(self.device, non_blocking=True), item.to(self.device, non_blocking=True))
+        loss = self._forward_backward(imgs.to(self.device, non_blocking=True), item.to(self.device, non_blocking=True))
+        if self.grad_sync is not None:
+            self.grad_sync(self.flat)
+        self.opt.step()
+        return loss
