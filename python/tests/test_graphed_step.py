@@ -104,6 +104,32 @@ def test_graphed_steps_equal_eager_steps(per_sample):
         torch.testing.assert_close(b["exp_avg_sq"], a["exp_avg_sq"], rtol=1e-8, atol=1e-20)
 
 
+class _Refuses(_StandIn):
+    """A capture that fails, as CUDA refuses an operation it cannot record."""
+
+    def capture(self, fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_failed_capture_trains_eagerly_from_where_it_was():
+    """The warm-up's updates are put back, a warning says why, and every step then equals eager."""
+    (ref, model), (ref_opt, opt) = _pair()
+    gen = torch.Generator().manual_seed(4)
+    geo = data.Geometry(model, fixed_groups=True)
+    geo.capacity = geo.capacity_for(2, False, 0.75, seed=1, samples=8)
+    graphs.tensor_lr(opt, torch.device("cpu"), torch.float64)
+    step = graphs.GraphedStep(model, lambda x, p: model(x, p)[0], opt, None, torch.device("cpu"), geo.capacity,
+                              warmup=2, graph_api=_Refuses())
+    with pytest.warns(RuntimeWarning, match="could not be captured .RuntimeError: operation not permitted"):
+        for _ in range(3):
+            plan = geo.plan(ref.random_masks(None, generator=gen))
+            img = torch.randn(2, 3, 224, 224, dtype=torch.float64, generator=gen)
+            torch.testing.assert_close(step.step(img, plan), _eager_step(ref, ref_opt, img, plan), rtol=1e-10, atol=0)
+    assert step.failure.startswith("RuntimeError") and step.replays == 0 and step.overflows == 3
+    for p, q in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-9, atol=1e-12)
+
+
 def test_tensor_learning_rates_are_saved_as_numbers(tmp_path):
     (model, _), (opt, _) = _pair()
     graphs.tensor_lr(opt, torch.device("cpu"))

@@ -147,8 +147,11 @@ def run(args, ctx: dist.Context) -> dict:
         summary["steps"] = step
         if graphed is not None:
             summary["graph_replays"], summary["graph_overflows"] = graphed.replays, graphed.overflows
+            why = (f"the capture failed: {graphed.failure}" if graphed.failure else
+                   f"their plans exceeded the capacity {geometry.capacity}")
             rep.print(f"greenmim.pretrain: CUDA graph: {graphed.replays} step(s) replayed, {graphed.overflows} ran "
-                      f"eagerly (their plans exceeded the capacity {geometry.capacity})")
+                      f"eagerly ({why})")
+            summary["graph_failure"] = graphed.failure
         if args.compile:
             from torch._dynamo.utils import counters
             summary["graphs"] = counters["stats"]["unique_graphs"]

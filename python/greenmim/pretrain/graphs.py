@@ -31,6 +31,7 @@ logic on the CPU, with a stand-in that replays by running the captured function 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -94,6 +95,7 @@ class GraphedStep:
         self.api = graph_api if graph_api is not None else _CudaGraphs(device)
         self.graph = self.loss = self.imgs = self.item = None
         self.overflows = self.replays = 0
+        self.failure: Optional[str] = None   # why the capture failed (every step then runs eagerly)
         params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
         dtypes = {p.dtype for p in params}
         if len(dtypes) != 1:
@@ -121,6 +123,8 @@ class GraphedStep:
     def _fits(self, imgs: torch.Tensor, item) -> bool:
         """Whether the captured graph can take this step's inputs (before the capture: whether
         they are the inputs to capture on)."""
+        if self.failure is not None:
+            return False
         if self.graph is None:
             return not isinstance(item, MaskPlan) or self.capacity is None or item.group_counts() == self.capacity
         if imgs.shape != self.imgs.shape:
@@ -136,28 +140,36 @@ class GraphedStep:
         self.imgs = imgs.to(self.device, copy=True)
         item = item.to(self.device, non_blocking=True)
         self.item = MaskPlan(item.arena.clone(), item.layout) if isinstance(item, MaskPlan) else item.clone()
-        with self.api.side_stream():     # local steps only: no collective (other processes may not capture now)
-            for _ in range(self.warmup):
-                self._forward_backward(self.imgs, self.item)
-                self.opt.step()
-        with torch.no_grad():            # the warm-up's updates undone: the run trains what it reports
-            for k, v in self.module.state_dict().items():
-                v.copy_(saved[k])
-            for p, s in self.opt.state.items():
-                old = opt_state.get(id(p))
-                for k, v in s.items():
-                    if isinstance(v, torch.Tensor):
-                        if old is None:
-                            v.zero_()    # state the warm-up created: as a fresh optimizer has it
-                        else:
-                            v.copy_(old[k])
-        self.graph, self.loss = self.api.capture(self._captured)
+        try:
+            with self.api.side_stream():  # local steps only: no collective (other processes may not capture now)
+                for _ in range(self.warmup):
+                    self._forward_backward(self.imgs, self.item)
+                    self.opt.step()
+        finally:
+            with torch.no_grad():        # the warm-up's updates undone: the run trains what it reports
+                for k, v in self.module.state_dict().items():
+                    v.copy_(saved[k])
+                for p, s in self.opt.state.items():
+                    old = opt_state.get(id(p))
+                    for k, v in s.items():
+                        if isinstance(v, torch.Tensor):
+                            if old is None:
+                                v.zero_()  # state the warm-up created: as a fresh optimizer has it
+                            else:
+                                v.copy_(old[k])
+        self.graph, self.loss = self.api.capture(self._captured)   # records; runs nothing
 
     def step(self, imgs: torch.Tensor, item) -> torch.Tensor:
         if not self._fits(imgs, item):
             return self._eager(imgs, item)
         if self.graph is None:
-            self._capture(imgs, item)
+            try:
+                self._capture(imgs, item)
+            except Exception as e:  # noqa: BLE001 - a step that cannot be captured still trains, eagerly
+                self.graph, self.failure = None, f"{type(e).__name__}: {e}"
+                warnings.warn(f"greenmim.pretrain --cuda_graphs: the step could not be captured ({self.failure}); "
+                              f"every step runs eagerly", RuntimeWarning, stacklevel=2)
+                return self._eager(imgs, item)
         else:
             self.imgs.copy_(imgs, non_blocking=True)
             self.item.copy_(item, non_blocking=True)
