@@ -196,9 +196,9 @@ for gm_model in swin_base_patch4_window7_224 swin_large_patch4_window7_224 twins
   # the whole pretraining models (GreenMIM vs SimMIM with their decoders and losses)
   py_step "train step full ${gm_model%%_patch*}" "$GM_LOG/train_step.log" bench/gpu/train_step.py --model "$gm_model" \
     --batch "$BATCH" --full --no-breakdown --csv "$GM_LOG/train_step_full_${gm_model%%_patch*}.csv"
-  # the step as one CUDA graph (greenmim.pretrain --cuda_graphs' GraphedStep; Swin models): the
-  # host-bound eager step's real comparison, all rows captured alike
-  [ "$gm_model" != twins_svt_large ] && py_step "train step graphs ${gm_model%%_patch*}" "$GM_LOG/train_step.log" \
+  # the step as one CUDA graph (greenmim.pretrain --cuda_graphs' GraphedStep): the host-bound
+  # eager step's real comparison, all rows captured alike
+  py_step "train step graphs ${gm_model%%_patch*}" "$GM_LOG/train_step.log" \
     bench/gpu/train_step.py --model "$gm_model" --batch "$BATCH" --full --no-breakdown --plans loader --graphs \
     --csv "$GM_LOG/train_step_graphs_${gm_model%%_patch*}.csv"
   # the same with the trainer's plan pipeline (planned and pinned ahead, copied asynchronously);

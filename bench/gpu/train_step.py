@@ -405,8 +405,8 @@ def main(argv=None) -> int:
         args.batch, args.steps, args.warmup, args.reps, args.device = 2, 1, 1, 1, "cpu"
     if args.compile and not args.full:
         ap.error("--compile needs --full (it compiles the whole pretraining models)")
-    if args.graphs and (not args.full or args.device != "cuda" or args.twins or args.trace):
-        ap.error("--graphs needs --full, a CUDA device and a Swin model (and no --trace)")
+    if args.graphs and (not args.full or args.device != "cuda" or args.trace):
+        ap.error("--graphs needs --full and a CUDA device (and no --trace)")
     rows = [r for r in args.rows.split(",") if r]
     bad = [r for r in rows if r not in ROWS]
     if bad:

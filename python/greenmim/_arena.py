@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -53,6 +53,90 @@ class ArenaPlan:
             for p in st.partitions:
                 for t in (p.gather, p.slot_window, p.slot_coord):
                     torch._dynamo.mark_dynamic(t, 0)
+        return self
+
+    # ---- one set of shapes for every mask: what a CUDA graph replays ------------------------------
+    # A subclass describes its layout: _ranges(layout) every array's (offset, size),
+    # _partitions(layout) per stage its partitions' layout tuples (G, num_groups, ..., arrays at [9]:
+    # gather, scatter, slot_window, slot_coord), _relayout(layout, counts, new) the layout with those
+    # group counts and each range r moved to new(r).
+
+    def group_counts(self) -> Tuple[Tuple[int, ...], ...]:
+        """The number of groups of each stage's partitions (Swin: plain, shifted; Twins: its
+        LSA windows). With fixed group sizes (``group_size=-1``) it is what a new mask changes
+        in the plan's shapes."""
+        return tuple(tuple(p.num_groups for p in st.partitions) for st in self.stages)
+
+    def padded(self, counts: Sequence[Sequence[int]]):
+        """This plan with exactly ``counts[s]`` groups in stage s's partitions. Groups of
+        padding slots only are appended (gather and slot_window -1, slot_coord 0), which is the
+        layout every op already skips, so outputs and gradients are the plan's own. Plans
+        padded to one capacity share every shape and view: what replaying a CUDA graph needs
+        (:func:`greenmim.group_capacity`). Raises :class:`GreenmimError` where the plan already
+        has more groups than asked: an overflow, which the caller handles (a larger capacity, or
+        a step without the graph). One copy of the arena, on the plan's device."""
+        have = self.group_counts()
+        try:
+            want = tuple(tuple(int(c) for c in w) for w in counts)
+        except (TypeError, ValueError):
+            raise _lib.GreenmimError(f"greenmim: padded: counts must be one tuple of group counts per stage, got "
+                                     f"{counts!r}")
+        if len(want) != len(have) or any(len(w) != len(h) for w, h in zip(want, have)):
+            raise _lib.GreenmimError(f"greenmim: padded: counts {want} do not match the plan's partitions {have} "
+                                     f"(pairs for a plan of {len(have)} stages)")
+        names = ("plain", "shifted") if all(len(h) == 2 for h in have) else ("LSA",)
+        for s, (w, h) in enumerate(zip(want, have)):
+            for j in range(len(h)):
+                if w[j] < h[j]:
+                    raise _lib.GreenmimError(f"greenmim: padded: stage {s + 1}'s {names[j]} windows take {h[j]} "
+                                             f"groups, more than the {w[j]} asked (an overflow: raise the capacity, "
+                                             f"or run this mask unpadded)")
+            parts = self.stages[s].partitions
+            if len(parts) == 2 and parts[1] is parts[0] and w[0] != w[1]:
+                raise _lib.GreenmimError(f"greenmim: padded: stage {s + 1} has one partition (no shift): its plain "
+                                         f"and shifted counts must agree, got {w}")
+        if want == have:
+            return self
+        grow: Dict[Range, Tuple[int, int]] = {}      # range -> (entries after padding, fill value)
+        for parts, w in zip(self._partitions(self.layout), want):
+            for p, n in zip(parts, w):
+                g, _, sw, co = p[9]
+                for r, fill in ((g, -1), (sw, -1), (co, 0)):
+                    grow[r] = (n * p[0], fill)
+        ranges = sorted({r for r in self._ranges(self.layout) if r[1] > 0})
+        chunks = arena_views(self.arena, ranges)
+        pieces, moved, at = [], {}, 0
+        for r in ranges:
+            size, fill = grow.get(r, (r[1], 0))
+            pieces.append(chunks[r])
+            if size > r[1]:
+                pieces.append(torch.full((size - r[1],), fill, dtype=self.arena.dtype, device=self.arena.device))
+            moved[r] = (at, size)
+            at += size
+        return type(self)(torch.cat(pieces), self._relayout(self.layout, want, lambda r: moved.get(r, r)))
+
+    def shape_key(self) -> tuple:
+        """What fixes every shape and view of the plan: its layout without the planner's timings
+        and costs (the layout's floats). Plans with equal keys are interchangeable under a CUDA
+        graph."""
+        def strip(x):
+            return tuple(strip(v) for v in x if not isinstance(v, float)) if isinstance(x, tuple) else x
+        return (type(self).__name__, self.arena.numel(), strip(self.layout))
+
+    def copy_(self, other, non_blocking: bool = False):
+        """Copies ``other``'s indices into this plan's arena, in place (one copy, on the stream of
+        this plan's device): a CUDA graph captured with this plan then runs on ``other``'s mask.
+        ``other`` must have this plan's :meth:`shape_key` (plans padded to one capacity do)."""
+        if other.shape_key() != self.shape_key():
+            raise _lib.GreenmimError(f"greenmim: copy_: the plans differ in shape ({other.group_counts()} groups and "
+                                     f"{other.arena.numel()} arena entries into {self.group_counts()} and "
+                                     f"{self.arena.numel()}): pad both to one capacity (padded)")
+        self.arena.copy_(other.arena, non_blocking=non_blocking)
+        from . import _cpu_attention
+        for st in self.stages:                 # what was derived from the old indices
+            for p in st.partitions:
+                p._token_window = None
+                _cpu_attention.forget(p)
         return self
 
     def pin_memory(self, device=None):

@@ -110,7 +110,7 @@ class MaskPlan(ArenaPlan):
         per_sample, num_masks, patch_grid, build_us, stages = layout
         self.per_sample, self.num_masks, self.patch_grid, self.build_us = per_sample, num_masks, patch_grid, build_us
         # every array of the arena, in arena order: one split makes all the views
-        chunks = arena_views(arena, (r for st in stages for r in (*(x for p in st[3] for x in p[9]), *st[4:8])))
+        chunks = arena_views(arena, self._ranges(layout))
         empty = arena[:0]
         view = lambda r: chunks.get(r, empty)
         self.stages: List[StagePlan] = []
@@ -130,84 +130,24 @@ class MaskPlan(ArenaPlan):
                                          num_masks=num_masks))
         self.patch_index = self.stages[0].position
 
-    def group_counts(self) -> Tuple[Tuple[int, int], ...]:
-        """``((plain, shifted) number of groups) per stage``: with fixed group sizes
-        (``group_size=-1``), what a new mask changes in the plan's shapes."""
-        return tuple((st.partitions[0].num_groups, st.partitions[1].num_groups) for st in self.stages)
+    # ---- the arena layout, for ArenaPlan's padded() / shape_key() ---------------------------------
 
-    def padded(self, counts: Sequence[Sequence[int]]) -> "MaskPlan":
-        """This plan with exactly ``counts[s] = (plain, shifted)`` groups at stage s: groups of
-        padding slots only (gather and slot_window -1, slot_coord 0, the layout every op already
-        skips) are appended, so outputs and gradients are those of the plan itself. Plans padded
-        to one capacity share every shape, which is what replaying a CUDA graph needs
-        (:func:`group_capacity`). Raises :class:`GreenmimError` where the plan already has more
-        groups than asked: an overflow that the caller handles (a larger capacity, or a step
-        without the graph). One copy of the arena, on the plan's device."""
-        have = self.group_counts()
-        try:
-            want = tuple((int(a), int(b)) for a, b in counts)
-        except (TypeError, ValueError):
-            raise GreenmimError(f"greenmim: padded: counts must be one (plain, shifted) pair per stage, got {counts!r}")
-        if len(want) != len(have):
-            raise GreenmimError(f"greenmim: padded: {len(want)} (plain, shifted) pairs for a plan of {len(have)} stages")
-        for s, (w, h) in enumerate(zip(want, have)):
-            for j, what in enumerate(("plain", "shifted")):
-                if w[j] < h[j]:
-                    raise GreenmimError(f"greenmim: padded: stage {s + 1}'s {what} windows take {h[j]} groups, more "
-                                        f"than the {w[j]} asked (an overflow: raise the capacity, or run this mask "
-                                        f"unpadded)")
-            if self.stages[s].partitions[1] is self.stages[s].partitions[0] and w[0] != w[1]:
-                raise GreenmimError(f"greenmim: padded: stage {s + 1} has one partition (no shift): its plain and "
-                                    f"shifted counts must agree, got {w}")
-        if want == have:
-            return self
-        per_sample, num_masks, patch_grid, build_us, stages = self.layout
-        grow: Dict[Tuple[int, int], Tuple[int, int]] = {}     # range -> (entries after padding, fill value)
-        for st, w in zip(stages, want):
-            for p, n in zip(st[3], w):
-                g, _, sw, co = p[9]
-                for r, fill in ((g, -1), (sw, -1), (co, 0)):
-                    grow[r] = (n * p[0], fill)
-        ranges = sorted({r for st in stages for r in (*(x for p in st[3] for x in p[9]), *st[4:8]) if r[1] > 0})
-        chunks = arena_views(self.arena, ranges)
-        pieces, moved, at = [], {}, 0
-        for r in ranges:
-            size, fill = grow.get(r, (r[1], 0))
-            pieces.append(chunks[r])
-            if size > r[1]:
-                pieces.append(torch.full((size - r[1],), fill, dtype=self.arena.dtype, device=self.arena.device))
-            moved[r] = (at, size)
-            at += size
-        new = lambda r: moved.get(r, r)
-        new_stages = []
-        for (H, W, N, parts, position, merge, cu, rank), w in zip(stages, want):
-            new_parts = tuple((*p[:1], n, *p[2:9], tuple(new(r) for r in p[9])) for p, n in zip(parts, w))
-            new_stages.append((H, W, N, new_parts, new(position), new(merge), new(cu), new(rank)))
-        return MaskPlan(torch.cat(pieces), (per_sample, num_masks, patch_grid, build_us, tuple(new_stages)))
+    @staticmethod
+    def _ranges(layout: tuple):
+        return (r for st in layout[4] for r in (*(x for p in st[3] for x in p[9]), *st[4:8]))
 
-    def shape_key(self) -> tuple:
-        """What fixes every shape and view of the plan (its layout without the planner's
-        timings and costs): plans with equal keys are interchangeable under a CUDA graph."""
-        per_sample, num_masks, patch_grid, _, stages = self.layout
-        return (per_sample, num_masks, patch_grid, self.arena.numel(),
-                tuple((H, W, N, tuple((*p[:5], p[9]) for p in parts), *rest)
-                      for (H, W, N, parts, *rest) in stages))
+    @staticmethod
+    def _partitions(layout: tuple):
+        return tuple(st[3] for st in layout[4])
 
-    def copy_(self, other: "MaskPlan", non_blocking: bool = False) -> "MaskPlan":
-        """Copies ``other``'s indices into this plan's arena, in place (one copy, on the stream of
-        this plan's device): a CUDA graph captured with this plan then runs on ``other``'s mask.
-        ``other`` must have this plan's :meth:`shape_key` (plans padded to one capacity do)."""
-        if other.shape_key() != self.shape_key():
-            raise GreenmimError(f"greenmim: copy_: the plans differ in shape ({other.group_counts()} groups and "
-                                f"{other.arena.numel()} arena entries into {self.group_counts()} and "
-                                f"{self.arena.numel()}): pad both to one capacity (MaskPlan.padded)")
-        self.arena.copy_(other.arena, non_blocking=non_blocking)
-        from . import _cpu_attention
-        for st in self.stages:                 # what was derived from the old indices
-            for p in st.partitions:
-                p._token_window = None
-                _cpu_attention.forget(p)
-        return self
+    @staticmethod
+    def _relayout(layout: tuple, counts, new) -> tuple:
+        per_sample, num_masks, patch_grid, build_us, stages = layout
+        out = []
+        for (H, W, N, parts, position, merge, cu, rank), w in zip(stages, counts):
+            parts = tuple((p[0], n, *p[2:9], tuple(new(r) for r in p[9])) for p, n in zip(parts, w))
+            out.append((H, W, N, parts, new(position), new(merge), new(cu), new(rank)))
+        return (per_sample, num_masks, patch_grid, build_us, tuple(out))
 
     def __repr__(self) -> str:
         kind = f"{self.num_masks} per-sample masks" if self.per_sample else "one shared mask"
@@ -215,9 +155,10 @@ class MaskPlan(ArenaPlan):
                 f"{self.arena.numel() * 4 / 1024:.1f} KiB on {self.device})")
 
 
-def group_capacity(plans: Iterable["MaskPlan"], margin: float = 0.02) -> Tuple[Tuple[int, int], ...]:
-    """A capacity for :meth:`MaskPlan.padded`: per stage, the most (plain, shifted) groups any of
-    ``plans`` takes, raised by ``ceil(margin * most)`` where the count varied among them (one that
+def group_capacity(plans: Iterable["MaskPlan"], margin: float = 0.02) -> Tuple[Tuple[int, ...], ...]:
+    """A capacity for :meth:`MaskPlan.padded` (and :class:`greenmim.TwinsPlan`'s): per stage, the
+    most groups each of its partitions (Swin: plain, shifted; Twins: LSA) takes in any of
+    ``plans``, raised by ``ceil(margin * most)`` where the count varied among them (one that
     never varied, e.g. a stage whose tokens fit one group, stays as it is). Plan a few dozen masks
     of the training distribution with fixed group sizes (``group_size=-1``): their counts sit
     within a few groups of tokens / G, so a capacity from 64 of them is rarely exceeded and pads
@@ -232,7 +173,7 @@ def group_capacity(plans: Iterable["MaskPlan"], margin: float = 0.02) -> Tuple[T
     out = []
     for s in range(len(counts[0])):
         pair = []
-        for j in range(2):
+        for j in range(len(counts[0][s])):
             seen = [c[s][j] for c in counts]
             hi = max(seen)
             pair.append(hi + (math.ceil(hi * margin) if min(seen) < hi else 0))

@@ -96,7 +96,7 @@ class TwinsPlan(ArenaPlan):
         super().__init__(arena, layout)
         per_sample, num_masks, patch_grid, build_us, stages = layout
         self.per_sample, self.num_masks, self.patch_grid, self.build_us = per_sample, num_masks, patch_grid, build_us
-        chunks = arena_views(arena, (r for st in stages for r in (*st[9][9], *st[10])))
+        chunks = arena_views(arena, self._ranges(layout))
         empty = arena[:0]
         view = lambda r: chunks.get(r, empty)
         self.stages: List[TwinsStagePlan] = []
@@ -124,6 +124,26 @@ class TwinsPlan(ArenaPlan):
             nxt = self.stages[i + 1]
             self.stages[i].embed.position, self.stages[i].embed.cu_seqlens = nxt.position, nxt.cu_seqlens
         self.patch_index = self.stages[0].position
+
+    # ---- the arena layout, for ArenaPlan's padded() / shape_key() ---------------------------------
+
+    @staticmethod
+    def _ranges(layout: tuple):
+        return (r for st in layout[4] for r in (*st[9][9], *st[10]))
+
+    @staticmethod
+    def _partitions(layout: tuple):
+        return tuple((st[9],) for st in layout[4])
+
+    @staticmethod
+    def _relayout(layout: tuple, counts, new) -> tuple:
+        per_sample, num_masks, patch_grid, build_us, stages = layout
+        out = []
+        for st, (n,) in zip(stages, counts):
+            lsa = st[9]
+            lsa = (lsa[0], n, *lsa[2:9], tuple(new(r) for r in lsa[9]))
+            out.append((*st[:9], lsa, tuple(new(r) for r in st[10]), st[11]))
+        return (per_sample, num_masks, patch_grid, build_us, tuple(out))
 
     def __repr__(self) -> str:
         kind = f"{self.num_masks} per-sample masks" if self.per_sample else "one shared mask"

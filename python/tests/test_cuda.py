@@ -113,8 +113,9 @@ def test_greenmim_loss_on_cuda_equals_cpu(per_sample):
     _grads_close(gpu, cpu, rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["green_mim_swin_nano_patch4_dec128b1", "green_mim_twins_nano_patch4_dec128b1"])
 @pytest.mark.parametrize("per_sample", [False, True])
-def test_cuda_graph_steps_equal_eager_steps(per_sample):
+def test_cuda_graph_steps_equal_eager_steps(per_sample, name):
     """greenmim.pretrain --cuda_graphs' GraphedStep with a real CUDA graph (fused, capturable AdamW,
     a device-tensor learning rate, padded plans; one overflow) against eager steps of a twin
     model on the same batches, float32."""
@@ -122,7 +123,7 @@ def test_cuda_graph_steps_equal_eager_steps(per_sample):
     pair = []
     for _ in range(2):
         torch.manual_seed(0)
-        m = greenmim.create_model("green_mim_swin_nano_patch4_dec128b1").cuda()
+        m = greenmim.create_model(name).cuda()
         pair.append((m, torch.optim.AdamW(optim.param_groups(m, 0.05), lr=1e-3, betas=(0.9, 0.95), fused=True,
                                           capturable=True)))
     (ref, ref_opt), (model, opt) = pair

@@ -147,7 +147,7 @@ def test_bad_capacities_are_refused_and_padded_plans_travel():
         p.padded(short)
     with pytest.raises(GreenmimError, match="pairs for a plan of"):
         p.padded(have[:-1])
-    with pytest.raises(GreenmimError, match="one .plain, shifted. pair per stage"):
+    with pytest.raises(GreenmimError, match="one tuple of group counts per stage"):
         p.padded([1, 2, 3, 4])
     last = len(have) - 1                            # the 7x7 last stage: one window, one partition
     assert p.stages[last].partitions[0] is p.stages[last].partitions[1]
@@ -161,3 +161,32 @@ def test_bad_capacities_are_refused_and_padded_plans_travel():
     assert r.shape_key() == q.shape_key() and torch.equal(r.arena, q.arena)
     with pytest.raises(GreenmimError, match="differ in shape"):
         greenmim.MaskPlan(p.arena.clone(), p.layout).copy_(q)
+
+
+TWINS_NANO = "green_mim_twins_nano_patch4_dec128b1"
+
+
+@pytest.mark.parametrize("per_sample", [None, 2])
+def test_twins_plans_pad_and_interchange(per_sample):
+    """Twins' plans (one LSA partition per stage) padded to a capacity: the same loss and
+    gradients as unpadded, on the CPU (float64) and on the kernels under the emulator (float32,
+    bias-free LSA: bit for bit); plans of different masks padded alike share every shape, and one
+    copied into another's arena computes what it computes."""
+    from greenmim.pretrain import data
+    gen = torch.Generator().manual_seed(40 + (per_sample or 0))
+    torch.manual_seed(0)
+    model = greenmim.create_model(TWINS_NANO).double()
+    geo = data.Geometry(model, fixed_groups=True)
+    plans = [geo.plan(model.random_masks(per_sample, generator=gen)) for _ in range(6)]
+    cap = tuple((c + 2,) for (c,) in greenmim.group_capacity(plans))
+    padded = [p.padded(cap) for p in plans]
+    assert all(q.group_counts() == cap and q.shape_key() == padded[0].shape_key() for q in padded)
+    B = per_sample or 2
+    img = torch.randn(B, 3, 224, 224, dtype=torch.float64, generator=gen)
+    _assert_same(_loss_and_grads(model, img, plans[0]), _loss_and_grads(model, img, padded[0]))
+    static = type(padded[0])(padded[0].arena.clone(), padded[0].layout)
+    _assert_same(_loss_and_grads(model, img, static.copy_(padded[1])), _loss_and_grads(model, img, plans[1]))
+    model = model.float()
+    with greenmim.emulate_cuda():
+        _assert_same(_loss_and_grads(model, img.float(), plans[2]), _loss_and_grads(model, img.float(), padded[2]),
+                     exact=True)

@@ -72,7 +72,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--cuda_graphs", action="store_true",
                    help="capture the step (forward, backward; AdamW too in one process) once as a CUDA graph and "
                         "replay it: plans padded to one capacity; CUDA, one process or torchrun without --fsdp, "
-                        "--accum_iter 1, bf16 or off, Swin models (docs/pretraining.md)")
+                        "--accum_iter 1, bf16 or off (docs/pretraining.md)")
     g.add_argument("--fsdp", action="store_true", help="shard with FSDP2 (fully_shard) instead of DDP")
     g = p.add_argument_group("data")
     g.add_argument("--data_path", default=None,
@@ -128,8 +128,7 @@ def validate(args) -> None:
         why = [w for w, bad in (("--fsdp", args.fsdp), (f"--accum_iter {args.accum_iter}", args.accum_iter != 1),
                                 ("--amp fp16 (its GradScaler reads the device each step; use bf16)", args.amp == "fp16"),
                                 ("--decoder_order released (drawn on the host each step)",
-                                 args.decoder_order == "released"),
-                                (f"{args.model} (Twins plans are not padded yet)", "twins" in args.model)) if bad]
+                                 args.decoder_order == "released")) if bad]
         if why:
             raise UsageError(f"--cuda_graphs does not take {', '.join(why)}: drop them, or drop --cuda_graphs")
     if args.resume == "auto" and not args.output_dir:

@@ -174,10 +174,11 @@ class Geometry:
 
     def plan(self, masks: Tensor):
         if self.spec is not None:
-            return self.spec.plan(masks, device="cpu", cache=False)
-        plan = indices.plan_masks(masks, img_size=self.img_size, patch_size=self.patch_size, window_size=self.window,
-                                  num_stages=self.num_stages, embed_dim=self.embed_dim, strategy=self.strategy,
-                                  device="cpu", cache=False, group_size=self.group_size)
+            plan = self.spec.plan(masks, device="cpu", cache=False)
+        else:
+            plan = indices.plan_masks(masks, img_size=self.img_size, patch_size=self.patch_size,
+                                      window_size=self.window, num_stages=self.num_stages, embed_dim=self.embed_dim,
+                                      strategy=self.strategy, device="cpu", cache=False, group_size=self.group_size)
         if self.capacity is not None:
             try:
                 return plan.padded(self.capacity)

@@ -25,7 +25,7 @@ How:
   from its checkpoint.
 
 Scope (``args.validate``): CUDA, one process or torchrun without ``--fsdp``, ``--accum_iter 1``,
-bf16 or float32, Swin models, the greenmim decoder order. ``graph_api`` lets tests run the same
+bf16 or float32, the greenmim decoder order; Swin and Twins. ``graph_api`` lets tests run the same
 logic on the CPU, with a stand-in that replays by running the captured function again.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..indices import MaskPlan
+from .._arena import ArenaPlan
 
 
 class _CudaGraphs:
@@ -73,7 +73,8 @@ class GraphedStep:
 
     ``loss_fn(imgs, item)`` is the step's loss. It runs under autocast to ``amp``, without the
     weight cache, which must not live inside a captured region. ``item`` is the step's mask
-    input. A :class:`~greenmim.MaskPlan` is captured on the first plan at ``capacity``
+    input. A plan (:class:`~greenmim.MaskPlan`, :class:`~greenmim.TwinsPlan`) is captured on the
+    first plan at ``capacity``
     (``MaskPlan.group_counts()``), and later plans must share its shapes. A tensor (SimMIM's
     mask, in the benchmark) must keep its shape. ``module`` holds the parameters and buffers that
     the warm-up must leave as it found them. ``overflows`` counts the steps that ran eagerly,
@@ -126,10 +127,10 @@ class GraphedStep:
         if self.failure is not None:
             return False
         if self.graph is None:
-            return not isinstance(item, MaskPlan) or self.capacity is None or item.group_counts() == self.capacity
+            return not isinstance(item, ArenaPlan) or self.capacity is None or item.group_counts() == self.capacity
         if imgs.shape != self.imgs.shape:
             return False
-        if isinstance(item, MaskPlan):
+        if isinstance(item, ArenaPlan):
             return item.shape_key() == self.item.shape_key()
         return item.shape == self.item.shape and item.dtype == self.item.dtype
 
@@ -139,7 +140,7 @@ class GraphedStep:
                      for p, s in self.opt.state.items()}
         self.imgs = imgs.to(self.device, copy=True)
         item = item.to(self.device, non_blocking=True)
-        self.item = MaskPlan(item.arena.clone(), item.layout) if isinstance(item, MaskPlan) else item.clone()
+        self.item = type(item)(item.arena.clone(), item.layout) if isinstance(item, ArenaPlan) else item.clone()
         try:
             with self.api.side_stream():  # local steps only: no collective (other processes may not capture now)
                 for _ in range(self.warmup):
