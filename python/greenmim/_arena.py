@@ -57,9 +57,10 @@ class ArenaPlan:
 
     # ---- one set of shapes for every mask: what a CUDA graph replays ------------------------------
     # A subclass describes its layout: _ranges(layout) every array's (offset, size),
-    # _partitions(layout) per stage its partitions' layout tuples (G, num_groups, ..., arrays at [9]:
-    # gather, scatter, slot_window, slot_coord), _relayout(layout, counts, new) the layout with those
-    # group counts and each range r moved to new(r).
+    # _partitions(layout) per stage its partitions' layout tuples (G, num_groups, ..., the budget
+    # flag at [5], arrays at [9]: gather, scatter, slot_window, slot_coord), _relayout(layout, counts,
+    # new, exhausted=None) the layout with those group counts, each range r moved to new(r) and,
+    # unless None, every budget flag set to exhausted.
 
     def group_counts(self) -> Tuple[Tuple[int, ...], ...]:
         """The number of groups of each stage's partitions (Swin: plain, shifted; Twins: its
@@ -116,12 +117,13 @@ class ArenaPlan:
         return type(self)(torch.cat(pieces), self._relayout(self.layout, want, lambda r: moved.get(r, r)))
 
     def shape_key(self) -> tuple:
-        """What fixes every shape and view of the plan: its layout without the planner's timings
-        and costs (the layout's floats). Plans with equal keys are interchangeable under a CUDA
-        graph."""
+        """What fixes every shape and view of the plan: its layout without the planner's timings,
+        costs (the layout's floats) and budget flags. Plans with equal keys are interchangeable
+        under a CUDA graph."""
         def strip(x):
             return tuple(strip(v) for v in x if not isinstance(v, float)) if isinstance(x, tuple) else x
-        return (type(self).__name__, self.arena.numel(), strip(self.layout))
+        layout = self._relayout(self.layout, self.group_counts(), lambda r: r, exhausted=False)
+        return (type(self).__name__, self.arena.numel(), strip(layout))
 
     def copy_(self, other, non_blocking: bool = False):
         """Copies ``other``'s indices into this plan's arena, in place (one copy, on the stream of

@@ -141,11 +141,12 @@ class MaskPlan(ArenaPlan):
         return tuple(st[3] for st in layout[4])
 
     @staticmethod
-    def _relayout(layout: tuple, counts, new) -> tuple:
+    def _relayout(layout: tuple, counts, new, exhausted=None) -> tuple:
         per_sample, num_masks, patch_grid, build_us, stages = layout
         out = []
         for (H, W, N, parts, position, merge, cu, rank), w in zip(stages, counts):
-            parts = tuple((p[0], n, *p[2:9], tuple(new(r) for r in p[9])) for p, n in zip(parts, w))
+            parts = tuple((p[0], n, *p[2:5], p[5] if exhausted is None else exhausted, *p[6:9],
+                           tuple(new(r) for r in p[9])) for p, n in zip(parts, w))
             out.append((H, W, N, parts, new(position), new(merge), new(cu), new(rank)))
         return (per_sample, num_masks, patch_grid, build_us, tuple(out))
 

@@ -136,12 +136,13 @@ class TwinsPlan(ArenaPlan):
         return tuple((st[9],) for st in layout[4])
 
     @staticmethod
-    def _relayout(layout: tuple, counts, new) -> tuple:
+    def _relayout(layout: tuple, counts, new, exhausted=None) -> tuple:
         per_sample, num_masks, patch_grid, build_us, stages = layout
         out = []
         for st, (n,) in zip(stages, counts):
             lsa = st[9]
-            lsa = (lsa[0], n, *lsa[2:9], tuple(new(r) for r in lsa[9]))
+            lsa = (lsa[0], n, *lsa[2:5], lsa[5] if exhausted is None else exhausted, *lsa[6:9],
+                   tuple(new(r) for r in lsa[9]))
             out.append((*st[:9], lsa, tuple(new(r) for r in st[10]), st[11]))
         return (per_sample, num_masks, patch_grid, build_us, tuple(out))
 

@@ -190,3 +190,18 @@ def test_twins_plans_pad_and_interchange(per_sample):
     with greenmim.emulate_cuda():
         _assert_same(_loss_and_grads(model, img.float(), plans[2]), _loss_and_grads(model, img.float(), padded[2]),
                      exact=True)
+
+
+def test_shape_keys_ignore_timings_costs_and_budget_flags():
+    """Plans interchange on their shapes alone: the planner's timings, costs and whether its
+    budget ran out change no view; the group counts do."""
+    gen = torch.Generator().manual_seed(12)
+    model = _model(torch.float32)
+    p, = _plans(model, None, 1, gen)
+    per_sample, num_masks, grid, _, stages = p.layout
+    flipped = tuple((*st[:3], tuple((*q[:5], not q[5], q[6] + 1.0, q[7] * 2, q[8] + 3.0, q[9]) for q in st[3]), *st[4:])
+                    for st in stages)
+    other = greenmim.MaskPlan(p.arena.clone(), (per_sample, num_masks, grid, 123.0, flipped))
+    assert other.shape_key() == p.shape_key()
+    bigger = _grown(p, p.group_counts(), 1)
+    assert p.padded(bigger).shape_key() != p.shape_key()

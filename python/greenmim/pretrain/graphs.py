@@ -49,13 +49,17 @@ class _CudaGraphs:
     def side_stream(self):
         s = torch.cuda.Stream(self.device)
         s.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(s):
-            yield
-        torch.cuda.current_stream(self.device).wait_stream(s)
+        try:
+            with torch.cuda.stream(s):
+                yield
+        finally:                         # also when a warm-up step raised: nothing may race the restore
+            torch.cuda.current_stream(self.device).wait_stream(s)
 
     def capture(self, fn: Callable[[], torch.Tensor]):
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: the DataLoader's pin-memory thread (cudaHostAlloc) and NCCL's watchdog
+        # (event queries) keep running while this thread captures; "global" would fail on them
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             out = fn()
         return graph, out
 
@@ -158,6 +162,7 @@ class GraphedStep:
                                 v.zero_()  # state the warm-up created: as a fresh optimizer has it
                             else:
                                 v.copy_(old[k])
+        del saved, opt_state             # not held through the capture
         self.graph, self.loss = self.api.capture(self._captured)   # records; runs nothing
 
     def step(self, imgs: torch.Tensor, item) -> torch.Tensor:
