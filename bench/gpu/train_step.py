@@ -199,7 +199,7 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
         net = torch.compile(model, mode=args.compile)
     info = {}
     if (args.compile or args.graphs) and row != "simmim":
-        from greenmim.pretrain.data import Geometry
+        from greenmim.pretrain.data import Geometry, pad_to
         geometry = Geometry(model, fixed_groups=True)
         inline_plan = loader_plan = geometry.plan
         if args.graphs:
@@ -209,10 +209,7 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
             def padded(units):                 # Geometry.plan with a capacity, counting the real groups
                 plan = geometry.plan(units)
                 info["counts"].append(plan.group_counts())
-                try:
-                    return plan.padded(info["capacity"])
-                except greenmim.GreenmimError:
-                    return plan
+                return pad_to(plan, info["capacity"])
             inline_plan = loader_plan = padded
     ready = None
     if args.plans == "loader":   # made before the timed steps, pinned: the trainer's DataLoader

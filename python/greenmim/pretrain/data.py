@@ -158,6 +158,17 @@ class SamplePhotographs:
                 f"(no --data_path)")
 
 
+def pad_to(plan, capacity):
+    """``plan.padded(capacity)``, or the plan itself when it needs more groups (an overflow: that
+    step runs eagerly, graphs.GraphedStep) or there is no capacity."""
+    if capacity is None:
+        return plan
+    try:
+        return plan.padded(capacity)
+    except GreenmimError:
+        return plan
+
+
 class Geometry:
     """What planning needs of the model: image size, patch, window, stages, stage-1 channels
     (Swin); an encoder with ``plan_spec`` (Twins) hands over its own picklable spec instead."""
@@ -179,12 +190,7 @@ class Geometry:
             plan = indices.plan_masks(masks, img_size=self.img_size, patch_size=self.patch_size,
                                       window_size=self.window, num_stages=self.num_stages, embed_dim=self.embed_dim,
                                       strategy=self.strategy, device="cpu", cache=False, group_size=self.group_size)
-        if self.capacity is not None:
-            try:
-                return plan.padded(self.capacity)
-            except GreenmimError:
-                return plan                       # an overflow: this step runs eagerly (graphs.GraphedStep)
-        return plan
+        return pad_to(plan, self.capacity)
 
     def capacity_for(self, batch: int, per_sample: bool, mask_ratio: float, seed: int, samples: int = 64) -> tuple:
         """The group capacity of this run's plans (``--cuda_graphs``): from ``samples`` masks of its
