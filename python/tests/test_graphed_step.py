@@ -21,7 +21,8 @@ NANO = "green_mim_swin_nano_patch4_dec128b1"
 
 class _StandIn:
     """torch.cuda graphs' part in GraphedStep, on the CPU: capture records without running,
-    replay runs what was recorded (which starts by zeroing the flat gradient buffer)."""
+    replay runs what was recorded (which starts by unsetting the gradients, or zeroing the flat
+    buffer with several processes)."""
 
     def __init__(self, opt=None):
         self.captures = 0

@@ -12,10 +12,15 @@ How:
   workers). Each step copies its images and plan into the captured inputs and replays.
 - A plan beyond the capacity runs eagerly on the same parameters, gradients and optimizer
   state, and is counted.
-- The gradients are views of one flat buffer. With several processes the graph holds the
-  forward and backward only. One all-reduce of that buffer follows eagerly, then AdamW. There
-  is no DDP wrapper and no collective inside a graph, and every process makes exactly one
-  all-reduce per step, replayed or not.
+- In one process the gradients are born inside the graph, during the backward, in memory that
+  the forward's activations held (the graph's private pool): nothing holds them through the
+  forward, as ``zero_grad(set_to_none=True)`` gives eager steps. A persistent buffer would cost
+  the model's size in float32 at the step's peak (Swin-L: 0.8 GiB, 8.08 GiB against 7.05 eager;
+  docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-26d).
+- With several processes the gradients are views of one flat buffer, as DDP's buckets are. The
+  graph holds the forward and backward only. One all-reduce of that buffer follows eagerly,
+  then AdamW. There is no DDP wrapper and no collective inside a graph, and every process makes
+  exactly one all-reduce per step, replayed or not.
 - The learning rate is a device tensor that the schedule fills in place, so the replayed AdamW
   reads each step's value. A float would be frozen into the graph.
 - Capture needs warm-up runs first: lazy initialisations must not land in the graph, and
@@ -84,12 +89,14 @@ class GraphedStep:
     the warm-up must leave as it found them. ``overflows`` counts the steps that ran eagerly,
     ``replays`` the others.
 
-    The gradients are views of one flat buffer, ``flat``. The graph zeroes it and the backward
-    accumulates into it. With ``grad_sync`` (many processes) the graph holds the forward and the
-    backward only. ``grad_sync(flat)`` then averages the buffer across processes, eagerly and
-    outside the graph: one collective per step, whatever ran, so processes whose plans overflow
-    at different steps stay in step. The optimizer step follows, also eagerly. Without
-    ``grad_sync`` the optimizer step is in the graph too."""
+    Without ``grad_sync`` (one process) the whole step is in the graph: each step unsets the
+    gradients, the backward allocates them in the graph's pool, the optimizer step reads them,
+    and ``flat`` is None. With ``grad_sync`` (many processes) the gradients are views of one flat
+    buffer, ``flat``: the graph zeroes it, the backward accumulates into it, and the graph holds
+    the forward and the backward only. ``grad_sync(flat)`` then averages the buffer across
+    processes, eagerly and outside the graph: one collective per step, whatever ran, so
+    processes whose plans overflow at different steps stay in step. The optimizer step follows,
+    also eagerly."""
 
     def __init__(self, module: torch.nn.Module, loss_fn: Callable, opt: torch.optim.Optimizer,
                  amp: Optional[torch.dtype], device: torch.device, capacity: Optional[tuple] = None,
@@ -102,21 +109,27 @@ class GraphedStep:
         self.overflows = self.replays = 0
         self.failure: Optional[str] = None   # why the capture failed (every step then runs eagerly)
         params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
-        dtypes = {p.dtype for p in params}
-        if len(dtypes) != 1:
-            raise ValueError(f"GraphedStep: the parameters have several dtypes {dtypes}; one flat gradient buffer "
-                             f"needs one")
-        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
-        at = 0
-        for p in params:
-            p.grad = self.flat[at:at + p.numel()].view_as(p)
-            at += p.numel()
+        self.params, self.flat = params, None
+        if grad_sync is not None:
+            dtypes = {p.dtype for p in params}
+            if len(dtypes) != 1:
+                raise ValueError(f"GraphedStep: the parameters have several dtypes {dtypes}; one flat gradient buffer "
+                                 f"needs one")
+            self.flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+            at = 0
+            for p in params:
+                p.grad = self.flat[at:at + p.numel()].view_as(p)
+                at += p.numel()
 
     def _forward_backward(self, imgs: torch.Tensor, item) -> torch.Tensor:
-        self.flat.zero_()
+        if self.flat is not None:
+            self.flat.zero_()
+        else:                            # born in the backward (in the graph's pool when captured)
+            for p in self.params:
+                p.grad = None
         with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None, cache_enabled=False):
             loss = self.loss_fn(imgs, item)
-        loss.backward()                  # accumulates into the views of flat
+        loss.backward()                  # into the views of flat, or fresh gradients
         return loss.detach()
 
     def _captured(self) -> torch.Tensor:
@@ -163,6 +176,9 @@ class GraphedStep:
                             else:
                                 v.copy_(old[k])
         del saved, opt_state             # not held through the capture
+        if self.flat is None:
+            for p in self.params:        # the warm-up's gradients: freed now, reborn in the graph's pool
+                p.grad = None
         self.graph, self.loss = self.api.capture(self._captured)   # records; runs nothing
 
     def step(self, imgs: torch.Tensor, item) -> torch.Tensor:
@@ -188,7 +204,8 @@ class GraphedStep:
         return loss
 
     def _eager(self, imgs: torch.Tensor, item) -> torch.Tensor:
-        """Inputs the graph cannot take: the same step, eagerly, on the same gradient buffer."""
+        """Inputs the graph cannot take: the same step, eagerly (on the same gradient buffer with
+        ``grad_sync``)."""
         self.overflows += 1
         loss = self._forward_backward(imgs.to(self.device, non_blocking=True), item.to(self.device, non_blocking=True))
         if self.grad_sync is not None:
