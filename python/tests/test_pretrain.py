@@ -192,6 +192,30 @@ def test_loader_with_plans_runs_under_1024_open_files(tmp_path):
     assert "items 300 960" in out.stdout
 
 
+def test_uint8_crops_normalized_on_the_device_equal_the_released_transform():
+    """The workers send uint8 crops (train_crops) and the step normalises them (normalize): the
+    result is bitwise the released float transform under the same random draws, on photographs
+    of several sizes and on grey and RGBA images converted as the loader converts them."""
+    from PIL import Image
+    photos = data.SamplePhotographs(repeats=1)
+    g = torch.Generator().manual_seed(5)
+    extra = [Image.fromarray((torch.rand(97, 301, generator=g) * 255).to(torch.uint8).numpy()).convert("RGB"),
+             Image.fromarray((torch.rand(400, 180, 4, generator=g) * 255).to(torch.uint8).numpy()).convert("RGB")]
+    images = [photos.load(i) for i in range(len(photos.names))] + extra
+    for size in (224, 192):
+        ref_tf, crop_tf = data.train_transform(size), data.train_crops(size)
+        for k, im in enumerate(images):
+            torch.manual_seed(1000 * size + k)
+            ref = ref_tf(im)
+            torch.manual_seed(1000 * size + k)
+            crop = crop_tf(im)
+            assert crop.dtype == torch.uint8 and crop.shape == (3, size, size)
+            got = data.normalize(crop[None])[0]
+            assert torch.equal(got, ref), (size, k, float((got - ref).abs().max()))
+    with pytest.raises(TypeError, match="uint8"):
+        data.normalize(torch.zeros(1, 3, 8, 8))
+
+
 def test_sampler_shards_steps_across_ranks_and_accumulation():
     one = data.StepSampler(40, 2, 2, 1, 0, seed=3, epoch=1)
     two = [data.StepSampler(40, 2, 1, 2, r, seed=3, epoch=1) for r in range(2)]

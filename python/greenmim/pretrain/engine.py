@@ -76,8 +76,8 @@ def run(args, ctx: dist.Context) -> dict:
         graphs.tensor_lr(opt, ctx.device)
         geometry.capacity = geometry.capacity_for(args.batch_size, args.per_sample_masks, args.mask_ratio, args.seed)
         dist.broadcast_state(model, ctx)
-        graphed = graphs.GraphedStep(net, lambda x, p: net(x, p)[0], opt, amp, ctx.device, geometry.capacity,
-                                     grad_sync=dist.average_gradients(ctx))
+        graphed = graphs.GraphedStep(net, lambda x, p: net(data.normalize(x), p)[0], opt, amp, ctx.device,
+                                     geometry.capacity, grad_sync=dist.average_gradients(ctx))
     workers = data.worker_count(args.num_workers)
     ds = data.MicroBatches(images, geometry.img_size, geometry, args.mask_ratio, args.per_sample_masks, args.seed)
     rep = report.Reporter(ctx.main, out, args.log_dir, args.print_freq, total, spe,
@@ -108,7 +108,7 @@ def run(args, ctx: dist.Context) -> dict:
                     if step >= total:
                         break
                     continue
-                imgs = imgs.to(ctx.device, non_blocking=True)
+                imgs = data.normalize(imgs.to(ctx.device, non_blocking=True))   # uint8 from the workers
                 plan = plan.to(ctx.device, non_blocking=True)
                 if args.compile:
                     plan.mark_dynamic()                   # one graph for every mask (docs/pretraining.md)
