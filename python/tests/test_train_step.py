@@ -1,8 +1,11 @@
 """bench/gpu/train_step.py runs end to end on the CPU at a toy size (the GPU run is the real one)."""
+import importlib.util
 import os
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -110,3 +113,18 @@ def test_activation_memory_counts_what_each_row_keeps():
     per = {r: float(v[2]) for r, v in rows.items()}        # saved per sample, MiB
     assert 0 < per["greenmim"] < 0.3 * per["simmim"]
     assert abs(per["per-sample"] - per["greenmim"]) <= 0.1 * per["greenmim"]
+
+
+def test_loader_bench_times_the_pipeline_and_refuses_bad_arguments(capsys):
+    """bench/loader.py on the nano model and the sample photographs, one worker: the split of a
+    worker's time and the loader's rate are printed; a zero batch is refused."""
+    spec = importlib.util.spec_from_file_location("loader_bench", ROOT / "bench/loader.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--model", "green_mim_swin_nano_patch4_dec128b1", "--batch", "4", "--workers", "1",
+                     "--batches", "2", "--split_reps", "1", "--per_sample_masks", "--cuda_graphs"]) == 0
+    out = capsys.readouterr().out
+    assert "plans padded" in out and "img/s per worker" in out
+    assert "loader, 1 workers: 2 micro-batches" in out
+    with pytest.raises(SystemExit):
+        mod.main(["--batch", "0"])
