@@ -268,7 +268,7 @@ fi
     "$GM_LOG/train_step.log" 2>/dev/null || echo "(not run)"
   echo
   echo "## greenmim.pretrain on CUDA"
-  grep -E '^greenmim.pretrain: (done|error|torch.compile)' "$GM_LOG/pretrain.log" 2>/dev/null || echo "(not run)"
+  grep -E '^greenmim.pretrain: (done|error|torch.compile|CUDA graph)' "$GM_LOG/pretrain.log" 2>/dev/null || echo "(not run)"
 } >>"$GM_SUMMARY"
 GM_COPY="docs/perf/${GM_DEVICE}_${GM_DATE}"
 if [ "$GM_DEVICE" != unknown-device ] && mkdir -p "$GM_COPY" 2>/dev/null; then

@@ -151,3 +151,32 @@ def test_cuda_graph_steps_equal_eager_steps(per_sample, name):
     assert step.replays + step.overflows == 6 and step.overflows == over
     for (n, p), q in zip(ref.named_parameters(), model.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-3, atol=1e-5, msg=n)
+
+
+@pytest.mark.parametrize("per_sample", [False, True])
+def test_pretrain_cuda_graphs_replays_and_tracks_eager(tmp_path, per_sample):
+    """The trainer's own --cuda_graphs path (loader workers, uint8 images normalised inside the
+    graph, padded plans, the warm-up undone) captures without falling back, replays, and its
+    losses follow an eager run of the same seed (float32, --amp off). A capture that fails only
+    warns and trains on eagerly, so this test is what notices one (H100 2026-11-26d: a host copy
+    in the normalisation did)."""
+    pytest.importorskip("skimage")
+    pytest.importorskip("torchvision")
+    from greenmim.pretrain import args as pargs, dist, engine
+    runs = {}
+    for mode in ("eager", "graphs"):
+        argv = ["--model", "green_mim_swin_nano_patch4_dec128b1", "--batch_size", "8", "--epochs", "2",
+                "--warmup_epochs", "1", "--lr", "1e-3", "--max_steps", "8", "--num_workers", "1", "--amp", "off",
+                "--vis_freq", "100", "--save_freq", "100", "--output_dir", str(tmp_path / mode), "--device", "cuda"]
+        argv += ["--per_sample_masks"] * per_sample + ["--cuda_graphs"] * (mode == "graphs")
+        args = pargs.parser().parse_args(argv)
+        pargs.validate(args)
+        ctx = dist.setup(args.device, args.fsdp)
+        try:
+            runs[mode] = engine.run(args, ctx)
+        finally:
+            dist.teardown(ctx)
+    g = runs["graphs"]
+    assert g["graph_failure"] is None, g["graph_failure"]
+    assert g["graph_replays"] >= 1 and g["graph_replays"] + g["graph_overflows"] == 8
+    torch.testing.assert_close(torch.tensor(g["losses"]), torch.tensor(runs["eager"]["losses"]), rtol=1e-4, atol=1e-5)

@@ -70,9 +70,21 @@ def normalize(imgs: Tensor) -> Tensor:
     compute it (the same operations in the same order), on the tensor's device."""
     if imgs.dtype != torch.uint8:
         raise TypeError(f"normalize: expected uint8 images, got {imgs.dtype}")
-    mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float32, device=imgs.device).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, dtype=torch.float32, device=imgs.device).view(1, 3, 1, 1)
+    mean, std = _mean_std(imgs.device)
     return imgs.float().div(255).sub(mean).div(std)
+
+
+_MEAN_STD: dict = {}
+
+
+def _mean_std(device: torch.device) -> Tuple[Tensor, Tensor]:
+    """The normalisation's constants on ``device``, made once: a host-to-device copy cannot be
+    captured in a CUDA graph (--cuda_graphs captures ``normalize``; its warm-up makes them)."""
+    key = str(device)
+    if key not in _MEAN_STD:
+        _MEAN_STD[key] = tuple(torch.tensor(v, dtype=torch.float32).view(1, 3, 1, 1).to(device)
+                               for v in (IMAGENET_MEAN, IMAGENET_STD))
+    return _MEAN_STD[key]
 
 
 def eval_transform(size: int):
