@@ -78,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--data_path", default=None,
                    help="an image folder (class subfolders or images; DATA_PATH/train is used when it exists); "
                         "default: scikit-image's sample photographs")
-    g.add_argument("--num_workers", default=None, type=int, help="loader processes (default: min(8, CPUs))")
+    g.add_argument("--num_workers", default=None, type=int, help="loader processes per rank (default: this rank's share of the CPUs less one, 1 to 32)")
     g.add_argument("--pin_mem", dest="pin_mem", action="store_true", default=True, help="pin host memory (CUDA)")
     g.add_argument("--no_pin_mem", dest="pin_mem", action="store_false")
     g.add_argument("--seed", default=0, type=int, help="weights, data order, crops and masks")
