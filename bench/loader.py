@@ -76,26 +76,23 @@ def main(argv=None) -> int:
         print(f"  {k:22s} {v:8.1f} ms  {100 * v / total:5.1f}%")
     print(f"  {'total':22s} {total:8.1f} ms  -> {1e3 * a.batch / total:.0f} img/s per worker")
     need = a.batches + max(a.workers, 1)
-    per_epoch = max(len(images) // a.batch, 1)
-    seen, t_start, epoch = 0, None, 0
-    while seen < need:
-        sampler = data.StepSampler(len(images), a.batch, 1, 1, 0, seed=0, epoch=epoch)
-        for imgs, _, _ in data.make_loader(ds, sampler, a.workers, pin_memory=False):
-            seen += 1
-            if seen == max(a.workers, 1):          # the workers' first items: start-up, not rate
-                t_start = time.perf_counter()
-            if seen >= need:
-                break
-        epoch += 1
-        if per_epoch * epoch > 10 * need:         # an image set smaller than one batch: nothing to time
-            break
+    if len(images) < a.batch:
+        print(f"loader: {len(images)} images, fewer than one micro-batch of {a.batch}")
+        return 1
+    # one loader across epochs, as the trainer runs it (StepSampler's end)
+    sampler = data.StepSampler(len(images), a.batch, 1, 1, 0, seed=0, end=need)
+    seen, t_start = 0, None
+    for _ in data.make_loader(ds, sampler, a.workers, pin_memory=False):
+        seen += 1
+        if seen == max(a.workers, 1):          # the workers' first items: start-up, not rate
+            t_start = time.perf_counter()
     if t_start is None or seen <= max(a.workers, 1):
-        print("loader: too few micro-batches per epoch to time (a larger --data_path or a smaller --batch)")
+        print("loader: too few micro-batches to time")
         return 1
     dt = time.perf_counter() - t_start
     timed = seen - max(a.workers, 1)
     print(f"loader, {a.workers} workers: {timed} micro-batches in {dt:.2f} s = {timed * a.batch / dt:.0f} img/s "
-          f"({1e3 * dt / timed:.1f} ms per micro-batch; new workers each epoch, {per_epoch} micro-batches per epoch)")
+          f"({1e3 * dt / timed:.1f} ms per micro-batch, {len(images) // a.batch} per epoch)")
     return 0
 
 

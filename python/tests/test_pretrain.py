@@ -230,6 +230,22 @@ def test_default_workers_share_the_cpus_among_the_node_s_ranks(monkeypatch):
     assert data.worker_count(None) == 32                      # capped
 
 
+def test_sampler_across_epochs_equals_one_sampler_per_epoch():
+    """With ``end`` one sampler runs on through the epochs (the trainer's single loader): the same
+    items as a sampler per epoch, from a resumed step on, stopping at ``end`` mid-epoch."""
+    for accum, world, rank in ((1, 1, 0), (2, 2, 1)):
+        per_epoch = [list(data.StepSampler(50, 3, accum, world, rank, seed=7, epoch=e)) for e in range(4)]
+        spe = data.StepSampler(50, 3, accum, world, rank, seed=7).steps_per_epoch
+        flat = [x for ep in per_epoch for x in ep]
+        for start, end in ((0, 4 * spe), (spe + 2, 3 * spe + 1), (2 * spe, 2 * spe), (5, 6)):
+            s = data.StepSampler(50, 3, accum, world, rank, seed=7, epoch=start // spe, start_step=start % spe,
+                                 end=end)
+            got = list(s)
+            assert got == flat[start * accum:end * accum], (accum, start, end)
+            assert len(s) == len(got)
+    assert list(data.StepSampler(2, 3, 1, 1, 0, seed=0, end=10)) == []     # fewer images than a step: no hang
+
+
 def test_sampler_shards_steps_across_ranks_and_accumulation():
     one = data.StepSampler(40, 2, 2, 1, 0, seed=3, epoch=1)
     two = [data.StepSampler(40, 2, 1, 2, r, seed=3, epoch=1) for r in range(2)]

@@ -265,12 +265,15 @@ class MicroBatches(torch.utils.data.Dataset):
 
 
 class StepSampler(torch.utils.data.Sampler):
-    """This rank's micro-batches, from optimizer step ``start_step`` of epoch ``epoch`` on."""
+    """This rank's micro-batches, from optimizer step ``start_step`` of epoch ``epoch`` on: to the
+    end of that epoch, or with ``end`` (a global step count) on through the following epochs up to
+    step ``end``. One loader then serves the whole run: its workers keep prefetching across an
+    epoch's end (the checkpoint, the reconstructions) instead of starting afresh for each epoch."""
 
     def __init__(self, n: int, batch: int, accum: int, world: int, rank: int, seed: int, epoch: int = 0,
-                 start_step: int = 0):
+                 start_step: int = 0, end: Optional[int] = None):
         self.n, self.batch, self.accum, self.world, self.rank, self.seed = n, batch, accum, world, rank, seed
-        self.epoch, self.start_step = epoch, start_step
+        self.epoch, self.start_step, self.end = epoch, start_step, end
 
     @property
     def global_batch(self) -> int:
@@ -280,17 +283,27 @@ class StepSampler(torch.utils.data.Sampler):
     def steps_per_epoch(self) -> int:
         return self.n // self.global_batch
 
+    def _stop(self) -> int:
+        """The global step this sampler stops before."""
+        first_epoch_end = (self.epoch + 1) * self.steps_per_epoch
+        return first_epoch_end if self.end is None else max(self.end, self.epoch * self.steps_per_epoch)
+
     def __len__(self) -> int:
-        return (self.steps_per_epoch - self.start_step) * self.accum
+        return max(self._stop() - (self.epoch * self.steps_per_epoch + self.start_step), 0) * self.accum
 
     def __iter__(self):
-        perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(derive_seed(self.seed, self.epoch)))
-        E = self.global_batch
-        for t in range(self.start_step, self.steps_per_epoch):
-            for a in range(self.accum):
-                m = a * self.world + self.rank
-                first = t * E + m * self.batch
-                yield self.epoch, t, m, perm[first:first + self.batch].tolist()
+        spe, E, stop = self.steps_per_epoch, self.global_batch, self._stop()
+        if spe == 0:                     # fewer images than one step (the trainer refuses that earlier)
+            return
+        epoch, start = self.epoch, self.start_step
+        while epoch * spe + start < stop:
+            perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(derive_seed(self.seed, epoch)))
+            for t in range(start, min(spe, stop - epoch * spe)):
+                for a in range(self.accum):
+                    m = a * self.world + self.rank
+                    first = t * E + m * self.batch
+                    yield epoch, t, m, perm[first:first + self.batch].tolist()
+            epoch, start = epoch + 1, 0
 
 
 def make_loader(dataset: MicroBatches, sampler: StepSampler, num_workers: int, pin_memory: bool):

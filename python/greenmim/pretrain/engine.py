@@ -88,26 +88,22 @@ def run(args, ctx: dist.Context) -> dict:
     summary = {"steps": step, "checkpoint": None, "loss": float("nan"), "losses": [], "model": model}
     model.train()
     try:
-        while step < total:
-            epoch = step // spe
-            sampler.epoch, sampler.start_step = epoch, step - epoch * spe
-            loader = data.make_loader(ds, sampler, workers, args.pin_mem and ctx.device.type == "cuda")
-            losses, epoch_losses = [], []
-            for i, (imgs, masks, plan) in enumerate(loader):
-                a = i % args.accum_iter
-                t = sampler.start_step + i // args.accum_iter
-                if a == 0:
-                    value = optim.lr_at(epoch + t / spe, lr, args.min_lr, args.warmup_epochs, args.epochs)
-                    optim.set_lr(opt, value)
-                    torch.manual_seed(data.derive_seed(args.seed, ctx.rank, step, 1))  # drop path, dropout
-                    losses = []
-                if graphed is not None:                   # --cuda_graphs (accum_iter 1): the whole step
-                    loss = graphed.step(imgs, plan)
-                    losses.append(loss.float())
-                    step = _after_step(step, losses, ctx, summary, epoch_losses, rep, epoch, value)
-                    if step >= total:
-                        break
-                    continue
+        epoch, t0 = divmod(step, spe)
+        sampler.epoch, sampler.start_step, sampler.end = epoch, t0, total
+        loader = data.make_loader(ds, sampler, workers, args.pin_mem and ctx.device.type == "cuda")
+        losses, epoch_losses = [], []
+        for i, (imgs, masks, plan) in enumerate(loader):   # one loader for the run (StepSampler's end)
+            a = i % args.accum_iter
+            if a == 0:
+                epoch, t = divmod(step, spe)
+                value = optim.lr_at(epoch + t / spe, lr, args.min_lr, args.warmup_epochs, args.epochs)
+                optim.set_lr(opt, value)
+                torch.manual_seed(data.derive_seed(args.seed, ctx.rank, step, 1))  # drop path, dropout
+                losses = []
+            if graphed is not None:                   # --cuda_graphs (accum_iter 1): the whole step
+                loss = graphed.step(imgs, plan)
+                losses.append(loss.float())
+            else:
                 imgs = data.normalize(imgs.to(ctx.device, non_blocking=True))   # uint8 from the workers
                 plan = plan.to(ctx.device, non_blocking=True)
                 if args.compile:
@@ -130,20 +126,21 @@ def run(args, ctx: dist.Context) -> dict:
                 else:
                     opt.step()
                 opt.zero_grad(set_to_none=True)
-                step = _after_step(step, losses, ctx, summary, epoch_losses, rep, epoch, value)
-                if step >= total:
-                    break
-            epoch_end = step % spe == 0
-            rep.epoch_end(epoch, sum(epoch_losses) / max(len(epoch_losses), 1), len(epoch_losses))
-            last = step >= total
-            if out and (last or (epoch_end and (epoch + 1) % args.save_freq == 0)):
-                path = state.checkpoint_name(out, epoch, step, epoch_end)
-                state.save(path, wrapped, opt, scaler, epoch, step, args, config, ctx,
-                           {"global_batch": sampler.global_batch, "steps_per_epoch": spe})
-                summary["checkpoint"] = path
-                rep.print(f"greenmim.pretrain: saved {path} (step {step})")
-            if last or (epoch_end and (epoch + 1) % args.vis_freq == 0):
-                summary.update(_visualise(model, vis_imgs, vis_masks, args, ctx, epoch, rep))
+            step = _after_step(step, losses, ctx, summary, epoch_losses, rep, epoch, value)
+            epoch_end, last = step % spe == 0, step >= total
+            if epoch_end or last:
+                rep.epoch_end(epoch, sum(epoch_losses) / max(len(epoch_losses), 1), len(epoch_losses))
+                epoch_losses = []
+                if out and (last or (epoch + 1) % args.save_freq == 0):
+                    path = state.checkpoint_name(out, epoch, step, epoch_end)
+                    state.save(path, wrapped, opt, scaler, epoch, step, args, config, ctx,
+                               {"global_batch": sampler.global_batch, "steps_per_epoch": spe})
+                    summary["checkpoint"] = path
+                    rep.print(f"greenmim.pretrain: saved {path} (step {step})")
+                if last or (epoch + 1) % args.vis_freq == 0:
+                    summary.update(_visualise(model, vis_imgs, vis_masks, args, ctx, epoch, rep))
+            if last:
+                break
         summary["steps"] = step
         if graphed is not None:
             summary["graph_replays"], summary["graph_overflows"] = graphed.replays, graphed.overflows
