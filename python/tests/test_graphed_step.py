@@ -10,6 +10,9 @@ capture with a resumed optimizer, a learning-rate schedule, and plans that overf
 The real capture ran on an H200 in bench/gpu/train_step.py --graphs (docs/perf/NVIDIA_H200_2026-11-26c);
 this trainer path has not run on a device yet."""
 import contextlib
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -91,8 +94,16 @@ def test_graphed_steps_equal_eager_steps(per_sample):
             assert plan.group_counts() != geo.capacity
         img = torch.randn(B, 3, 224, 224, dtype=torch.float64, generator=gen)
         want = _eager_step(ref, ref_opt, img, plan)
+        seen = []                                                 # the overflow's own gradients, as AdamW sees them
+        hook = opt.register_step_pre_hook(lambda o, a, kw: seen.extend(weakref.ref(p.grad) for g in o.param_groups
+                                                                       for p in g["params"] if p.grad is not None))
         got = step.step(img, plan)
+        hook.remove()
         torch.testing.assert_close(got, want, rtol=1e-10, atol=0)
+        if over and k > 0:                                        # after the capture: freed, not kept to the end
+            gc.collect()
+            assert seen and not any(r() is not None for r in seen)
+            assert all(p.grad is g for p, g in zip(step.params, step._graph_grads))
     assert stand_in.captures == 1 and step.replays == 5 and step.overflows == 2
     for (n, p), q in zip(ref.named_parameters(), model.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-9, atol=1e-12, msg=n)

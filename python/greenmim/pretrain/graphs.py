@@ -15,8 +15,9 @@ How:
 - In one process the gradients are born inside the graph, during the backward, in memory that
   the forward's activations held (the graph's private pool): nothing holds them through the
   forward, as ``zero_grad(set_to_none=True)`` gives eager steps. A persistent buffer would cost
-  the model's size in float32 at the step's peak (Swin-L: 0.8 GiB, 8.08 GiB against 7.05 eager;
-  docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-26d).
+  the model's size in float32 at the step's peak (Swin-L on an H100: 8.08 GiB with it, 7.34
+  without; docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-26d). After an overflow step the parameters'
+  ``grad`` point at the graph's gradients again, so that step's own are freed.
 - With several processes the gradients are views of one flat buffer, as DDP's buckets are. The
   graph holds the forward and backward only. One all-reduce of that buffer follows eagerly,
   then AdamW. There is no DDP wrapper and no collective inside a graph, and every process makes
@@ -106,6 +107,7 @@ class GraphedStep:
         self.warmup, self.grad_sync = warmup, grad_sync
         self.api = graph_api if graph_api is not None else _CudaGraphs(device)
         self.graph = self.loss = self.imgs = self.item = None
+        self._graph_grads = None         # one process: the gradients the graph writes (its pool)
         self.overflows = self.replays = 0
         self.failure: Optional[str] = None   # why the capture failed (every step then runs eagerly)
         params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
@@ -145,7 +147,7 @@ class GraphedStep:
             return False
         if self.graph is None:
             return not isinstance(item, ArenaPlan) or self.capacity is None or item.group_counts() == self.capacity
-        if imgs.shape != self.imgs.shape:
+        if imgs.shape != self.imgs.shape or imgs.dtype != self.imgs.dtype:
             return False
         if isinstance(item, ArenaPlan):
             return item.shape_key() == self.item.shape_key()
@@ -180,6 +182,8 @@ class GraphedStep:
             for p in self.params:        # the warm-up's gradients: freed now, reborn in the graph's pool
                 p.grad = None
         self.graph, self.loss = self.api.capture(self._captured)   # records; runs nothing
+        if self.flat is None:
+            self._graph_grads = [p.grad for p in self.params]
 
     def step(self, imgs: torch.Tensor, item) -> torch.Tensor:
         if not self._fits(imgs, item):
@@ -211,4 +215,7 @@ class GraphedStep:
         if self.grad_sync is not None:
             self.grad_sync(self.flat)
         self.opt.step()
+        if self._graph_grads is not None:  # this step's gradients freed; grad reads the graph's again
+            for p, g in zip(self.params, self._graph_grads):
+                p.grad = g
         return loss
