@@ -58,7 +58,7 @@ def train_transform(size: int):
 def train_crops(size: int):
     """``train_transform`` up to the pixels: the random crop and flip, as uint8 ``[3, size, size]``.
     The loader workers run this; ``normalize`` does the rest on the step's device. Converting to
-    float and normalising took a quarter of a worker's time per image, and float32 batches are
+    float and normalising took a fifth to a quarter of a worker's time per image, and float32 batches are
     four times the bytes to pin and copy (timm's PrefetchLoader makes the same split)."""
     from torchvision import transforms as T
     return T.Compose([T.RandomResizedCrop(size, scale=(0.2, 1.0), interpolation=T.InterpolationMode.BICUBIC),
