@@ -28,11 +28,28 @@ def arena_views(arena: Tensor, ranges: Iterable[Range]) -> Dict[Range, Tensor]:
 
 class ArenaPlan:
     """Base of the arena plans: ``arena`` and ``layout`` (plain Python data), and ``stages``,
-    each with ``partitions`` (the attention partitions whose slot axis a new mask changes)."""
+    each with ``partitions`` (the attention partitions whose slot axis a new mask changes).
+
+    ``stages`` (the views of the arena and the objects around them) is made on first use: a
+    plan made in a DataLoader worker is pickled as ``(arena, layout)`` without ever using them,
+    and the copies the main process makes (unpickled, pinned, moved to the device) use them at most
+    once. Making them cost about 150 us per Swin plan of 128 masks, each time."""
 
     def __init__(self, arena: Tensor, layout: tuple):
         self.arena = arena
         self.layout = layout
+        self._stages = None
+
+    @property
+    def stages(self) -> list:
+        if self._stages is None:
+            self._stages = self._build_stages()
+        return self._stages
+
+    @property
+    def patch_index(self) -> Tensor:
+        """The visible patches, row-major per sample (stage 1's positions)."""
+        return self.stages[0].position
 
     @property
     def device(self) -> torch.device:
@@ -66,7 +83,7 @@ class ArenaPlan:
         """The number of groups of each stage's partitions (Swin: plain, shifted; Twins: its
         LSA windows). With fixed group sizes (``group_size=-1``) it is what a new mask changes
         in the plan's shapes."""
-        return tuple(tuple(p.num_groups for p in st.partitions) for st in self.stages)
+        return tuple(tuple(p[1] for p in parts) for parts in self._partitions(self.layout))
 
     def padded(self, counts: Sequence[Sequence[int]]):
         """This plan with exactly ``counts[s]`` groups in stage s's partitions. Groups of
@@ -92,8 +109,8 @@ class ArenaPlan:
                     raise _lib.GreenmimError(f"greenmim: padded: stage {s + 1}'s {names[j]} windows take {h[j]} "
                                              f"groups, more than the {w[j]} asked (an overflow: raise the capacity, "
                                              f"or run this mask unpadded)")
-            parts = self.stages[s].partitions
-            if len(parts) == 2 and parts[1] is parts[0] and w[0] != w[1]:
+            parts = self._partitions(self.layout)[s]
+            if len(parts) == 2 and parts[1] == parts[0] and w[0] != w[1]:
                 raise _lib.GreenmimError(f"greenmim: padded: stage {s + 1} has one partition (no shift): its plain "
                                          f"and shifted counts must agree, got {w}")
         if want == have:
@@ -135,7 +152,7 @@ class ArenaPlan:
                                      f"{self.arena.numel()}): pad both to one capacity (padded)")
         self.arena.copy_(other.arena, non_blocking=non_blocking)
         from . import _cpu_attention
-        for st in self.stages:                 # what was derived from the old indices
+        for st in self._stages or ():          # what was derived from the old indices
             for p in st.partitions:
                 p._token_window = None
                 _cpu_attention.forget(p)

@@ -107,13 +107,16 @@ class MaskPlan(ArenaPlan):
 
     def __init__(self, arena: Tensor, layout: tuple):
         super().__init__(arena, layout)
+        self.per_sample, self.num_masks, self.patch_grid, self.build_us = layout[:4]
+
+    def _build_stages(self) -> List["StagePlan"]:
+        arena, layout = self.arena, self.layout
         per_sample, num_masks, patch_grid, build_us, stages = layout
-        self.per_sample, self.num_masks, self.patch_grid, self.build_us = per_sample, num_masks, patch_grid, build_us
         # every array of the arena, in arena order: one split makes all the views
         chunks = arena_views(arena, self._ranges(layout))
         empty = arena[:0]
         view = lambda r: chunks.get(r, empty)
-        self.stages: List[StagePlan] = []
+        out: List[StagePlan] = []
         for (H, W, N, parts, position, merge, cu, rank) in stages:
             made = []
             for (G, ng, nw, win, sh, exhausted, cost, lb, us, arrays) in parts:
@@ -123,12 +126,12 @@ class MaskPlan(ArenaPlan):
                                            budget_exhausted=bool(exhausted)))
             if parts[1] == parts[0]:
                 made[1] = made[0]
-            self.stages.append(StagePlan(grid=(H, W), partitions=(made[0], made[1]),
+            out.append(StagePlan(grid=(H, W), partitions=(made[0], made[1]),
                                          merge=view(merge).view(-1, 4) if merge[1] else None,
                                          cu_seqlens=view(cu) if per_sample else None, position=view(position),
                                          unit_rank=view(rank).view(num_masks, H * W) if rank[1] else None,
                                          num_masks=num_masks))
-        self.patch_index = self.stages[0].position
+        return out
 
     # ---- the arena layout, for ArenaPlan's padded() / shape_key() ---------------------------------
 

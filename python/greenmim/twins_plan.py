@@ -94,12 +94,15 @@ class TwinsPlan(ArenaPlan):
 
     def __init__(self, arena: Tensor, layout: tuple):
         super().__init__(arena, layout)
+        self.per_sample, self.num_masks, self.patch_grid, self.build_us = layout[:4]
+
+    def _build_stages(self) -> List["TwinsStagePlan"]:
+        arena, layout = self.arena, self.layout
         per_sample, num_masks, patch_grid, build_us, stages = layout
-        self.per_sample, self.num_masks, self.patch_grid, self.build_us = per_sample, num_masks, patch_grid, build_us
         chunks = arena_views(arena, self._ranges(layout))
         empty = arena[:0]
         view = lambda r: chunks.get(r, empty)
-        self.stages: List[TwinsStagePlan] = []
+        out: List[TwinsStagePlan] = []
         for (H, W, N, K, max_n, max_k, uniform, key_holes, embed_holes, lsa, ranges, sr) in stages:
             G, ng, nw, win, sh, exhausted, cost, lb, us, arrays = lsa
             g, sc, sw, co = (view(r) for r in arrays)
@@ -114,16 +117,16 @@ class TwinsPlan(ArenaPlan):
             for t in (nt, kt, et):
                 if t is not None:
                     mark_valid(t)
-            self.stages.append(TwinsStagePlan(
+            out.append(TwinsStagePlan(
                 grid=(H, W), partition=part, neighbors=nt, keys=kt, embed=et, position=pos, cu_seqlens=cu,
                 key_cu_seqlens=key_cu if per_sample else None, num_keys=K, max_tokens=max_n, max_keys=max_k,
                 uniform=uniform, query_slot=q_slot if ranges[5][1] else None,
                 key_gather=k_gather if ranges[6][1] else None, sr=sr,
                 unit_rank=rank.view(num_masks, H * W) if ranges[8][1] else None, num_masks=num_masks))
-        for i in range(len(self.stages) - 1):   # the next stage's tokens are the embedding's outputs
-            nxt = self.stages[i + 1]
-            self.stages[i].embed.position, self.stages[i].embed.cu_seqlens = nxt.position, nxt.cu_seqlens
-        self.patch_index = self.stages[0].position
+        for i in range(len(out) - 1):           # the next stage's tokens are the embedding's outputs
+            nxt = out[i + 1]
+            out[i].embed.position, out[i].embed.cu_seqlens = nxt.position, nxt.cu_seqlens
+        return out
 
     # ---- the arena layout, for ArenaPlan's padded() / shape_key() ---------------------------------
 

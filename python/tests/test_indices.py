@@ -226,3 +226,33 @@ def test_mask_plan_pickles_moves_and_caches():
         greenmim.plan_masks(vis, max_group_size=-1)
     with pytest.raises(GreenmimError, match="halve"):
         greenmim.plan_masks(torch.ones(3, 3, dtype=torch.bool), img_size=12, patch_size=1)
+
+
+@pytest.mark.parametrize("kind", ["swin", "twins"])
+def test_plan_views_are_made_on_first_use_and_equal_eager_ones(kind):
+    """A plan's stages (its views of the arena) are made on first use: planning, group_counts,
+    padded, shape_key and pickling (a DataLoader worker's whole use of a plan) make none, and
+    the views made later are the arena's, equal to a plan that made them at once."""
+    import pickle
+    g = torch.Generator().manual_seed(11)
+    masks = greenmim.random_masks(5, generator=g)
+    make = (lambda m: greenmim.plan_masks(m, cache=False, group_size=-1)) if kind == "swin" else \
+        (lambda m: greenmim.plan_twins(m, cache=False, group_size=-1))
+    plan = make(masks)
+    counts = plan.group_counts()
+    wider = tuple(tuple(c + 1 for c in cs) for cs in counts)
+    padded = plan.padded(wider)
+    padded.shape_key()
+    back = pickle.loads(pickle.dumps(padded))
+    assert plan._stages is None and padded._stages is None and back._stages is None
+    ref = make(masks)
+    ref.stages                                               # made at once
+    assert plan.stages is plan.stages                        # made once
+    for a, b in zip(plan.stages, ref.stages):
+        for pa, pb in zip(a.partitions, b.partitions):
+            for name in ("gather", "scatter", "slot_window", "slot_coord"):
+                ta, tb = getattr(pa, name), getattr(pb, name)
+                assert torch.equal(ta, tb) and ta.untyped_storage().data_ptr() == plan.arena.untyped_storage().data_ptr()
+            assert pa.num_groups == pb.num_groups
+    assert torch.equal(plan.patch_index, ref.patch_index)
+    assert back.group_counts() == wider and [p.num_groups for p in back.stages[0].partitions] == list(wider[0])
