@@ -4,7 +4,8 @@
 # window 16, where the tensor-core forward's query tiles run next to SIMT; batch 128, bf16), when
 # PyTorch imports the PyTorch baselines (released-code path and FlexAttention) on the window-7
 # partitions, Twins' convolutions (bench/gpu/twins_ops.py), the training step of Swin-B/L and
-# Twins-L (bench/gpu/train_step.py), and last
+# Twins-L (bench/gpu/train_step.py), greenmim.pretrain on CUDA (nano: eager, compiled, fp16, CUDA
+# graphs; Swin-B with CUDA graphs) and its loader alone (bench/loader.py), and last
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on a small test subset.
 #
 # Usage (from anywhere):  bench/gpu/run.sh
@@ -233,6 +234,17 @@ for gm_mode in eager compile fp16 graphs; do
     --per_sample_masks --num_workers 4 --output_dir "$GM_SCRATCH/pretrain_$gm_mode" --print_freq 10 --device cuda \
     "${gm_extra[@]}"
 done
+# What the trainer delivers with a real model: the loader alone (bench/loader.py: its rate and a
+# worker's time by part), then Swin-B pretraining with --cuda_graphs from the same workers, whose
+# img/s against the replayed step's (train step graphs, above) says whether the loader limits.
+GM_WORKERS=$(( $(nproc 2>/dev/null || echo 4) - 2 ))
+[ "$GM_WORKERS" -lt 1 ] && GM_WORKERS=1
+py_step "loader" "$GM_LOG/loader.log" bench/loader.py --data_path "$GM_SCRATCH/images" --batch "$BATCH" \
+  --workers "$GM_WORKERS" --per_sample_masks --cuda_graphs --batches 20
+py_step "pretrain cuda graphs swin-b" "$GM_LOG/pretrain.log" -m greenmim.pretrain --model green_mim_swin_base_patch4_dec512b1 \
+  --data_path "$GM_SCRATCH/images" --batch_size "$BATCH" --epochs 20 --warmup_epochs 1 --max_steps 40 --per_sample_masks \
+  --num_workers "$GM_WORKERS" --print_freq 10 --device cuda --output_dir "$GM_SCRATCH/pretrain_swinb" --save_freq 1000 \
+  --vis_freq 1000 --cuda_graphs
 
 # ---- compute-sanitizer on a small subset (last: the slowest step, each tool capped) ------------------------------------------------------------------
 if [ "${SKIP_SANITIZER:-0}" != 1 ] && [ -x "$GM_TESTS" ]; then
@@ -268,7 +280,11 @@ fi
     "$GM_LOG/train_step.log" 2>/dev/null || echo "(not run)"
   echo
   echo "## greenmim.pretrain on CUDA"
-  grep -E '^greenmim.pretrain: (done|error|torch.compile|CUDA graph)' "$GM_LOG/pretrain.log" 2>/dev/null || echo "(not run)"
+  grep -E '^greenmim.pretrain: (done|error|torch.compile|CUDA graph)|step (30/30|40/40) ' "$GM_LOG/pretrain.log" 2>/dev/null \
+    || echo "(not run)"
+  echo
+  echo "## The loader alone (bench/loader.py)"
+  grep -E '^(  |loader)' "$GM_LOG/loader.log" 2>/dev/null || echo "(not run)"
 } >>"$GM_SUMMARY"
 GM_COPY="docs/perf/${GM_DEVICE}_${GM_DATE}"
 if [ "$GM_DEVICE" != unknown-device ] && mkdir -p "$GM_COPY" 2>/dev/null; then
