@@ -24,7 +24,7 @@
 
 #include "detail/conv_split.hpp"
 #include "detail/device_common.cuh"
-#include "detail/gather_gemm_mma.cuh"
+#include "detail/gather_gemm_async.cuh"
 #include "detail/host_checks.hpp"
 #include "detail/launch.cuh"
 
@@ -110,6 +110,21 @@ struct bc_fwd_op {
   }
   __device__ __forceinline__ void store(int m, int o, float v) const {
     y[(m / g.n_next) * y_s0 + (m % g.n_next) * y_s1 + o] = from_float<T>(v + (bias ? __ldg(bias + o) : 0.f));
+  }
+  // cp.async (gather_gemm_async), where `async` (the host: whole, aligned chunks; async_ok)
+  bool async = false;
+  __device__ __forceinline__ index_t a_token(int m, int k) const { return g.token(m % g.n_next, k / g.cin); }
+  __device__ __forceinline__ const T* a_ptr(index_t t, int m, int k) const {
+    return x + (m / g.n_next) * x_s0 + t * x_s1 + k % g.cin;
+  }
+  __device__ __forceinline__ const T* b_ptr(int k, int o) const {
+    return static_cast<const T*>(g.wt) + static_cast<std::int64_t>(o) * g.ldw + k;
+  }
+  //! Every chunk of A is one block position's 8 channels at a 16-byte aligned address, and W'
+  //! rows (ldw = K) are 16-byte aligned (the workspace is): C_in, x's strides multiples of 8.
+  bool async_ok() const {
+    return sizeof(T) == 2 && g.cin % 8 == 0 && x_s0 % 8 == 0 && x_s1 % 8 == 0 &&
+           reinterpret_cast<std::uintptr_t>(x) % 16 == 0 && g.ldw == K;
   }
 };
 
@@ -305,6 +320,20 @@ cudaError_t check_block_args(const gm_block_conv_args* a, bool backward) {
   return cudaSuccess;
 }
 
+//! The operators that gather_gemm_async can run (the forward), where they set `async` (k_per is a
+//! multiple of 16 and K of 8 there, so no chunk straddles a split's end).
+template <class Op>
+constexpr bool k_has_async = std::is_same<Op, bc_fwd_op<typename Op::elem>>::value;
+
+//! gather_gemm_async where op allows it, else gather_gemm_mma (16-bit element types).
+template <class Op>
+cudaError_t launch_mma(const Op& op, const dim3 grid, int k_per, float* partial, cudaStream_t stream) {
+  if constexpr (k_has_async<Op>)
+    if (op.async)
+      return launch(gather_gemm_async<Op>, grid, k_tc_threads, gather_gemm_async_smem<Op>(), stream, op, k_per, partial);
+  return launch(gather_gemm_mma<Op>, grid, k_tc_threads, gather_gemm_mma_smem<Op>(), stream, op, k_per, partial);
+}
+
 //! op's GEMM split as gemm_split_for(M, split_n, K) says (split_n: the N the split is computed
 //! for, >= op.N; the dweight GEMM passes P * C_in + 1 whichever gradients are requested, so
 //! dweight's bits do not depend on whether dbias is wanted); `workspace` holds the partials.
@@ -318,7 +347,7 @@ cudaError_t launch_gemm(const Op& op, float* workspace, cudaStream_t stream, std
   if constexpr (std::is_same<typename Op::elem, float>::value)
     GM_TRY(launch(gather_gemm<Op>, grid, k_gemm_threads, 0, stream, op, sp.k_per, partial));
   else
-    GM_TRY(launch(gather_gemm_mma<Op>, grid, k_tc_threads, gather_gemm_mma_smem<Op>(), stream, op, sp.k_per, partial));
+    GM_TRY(launch_mma(op, grid, sp.k_per, partial, stream));
   if (!partial) return cudaSuccess;
   const std::int64_t mn = static_cast<std::int64_t>(op.M) * op.N;
   return launch(splitk_reduce<Op>, dim3(static_cast<unsigned>((mn + k_red_threads - 1) / k_red_threads)), k_red_threads,
@@ -438,6 +467,7 @@ cudaError_t run_block_fwd(const gm_block_conv_args* a, void* workspace, cudaStre
   op.M = op.g.batch * op.g.n_next;
   op.N = op.g.cout;
   op.K = op.g.P * op.g.cin;
+  op.async = op.async_ok();
   return launch_gemm(op, partials(workspace, w), stream);
 }
 

@@ -65,8 +65,13 @@ constexpr int k_gemm_bm = 64, k_gemm_bn = 64, k_gemm_bk = 16;
 constexpr std::int64_t k_gemm_target_ctas = 1024;
 //! ... with at least this much of the reduction per split ...
 constexpr std::int64_t k_gemm_min_k_per_split = 128;
-//! ... and at most this many partial floats in all (a 64 MiB workspace).
+//! ... and at most this many partial floats in all (a 64 MiB workspace) ...
 constexpr std::int64_t k_gemm_max_partial_floats = std::int64_t(1) << 24;
+//! ... but none where the output tiles alone fill a wave of today's largest GPUs (132 SMs x 4
+//! CTAs): there the partials (4 bytes per output and split, written, then read back by a second
+//! kernel) cost more than the extra CTAs bring. Twins-L's patch embedding at stage 1 (batch 64,
+//! 25% visible: 768 tiles, K = 512) was split in 2, its 25 MB of partials larger than its operands.
+constexpr std::int64_t k_gemm_wave_tiles = 512;
 
 //! Split-K of one C[M, N] = A[M, K] B[K, N]: `splits` CTAs along K (grid.z), each `k_per`
 //! (a multiple of k_gemm_bk) of the reduction; splits == 1: no partials, outputs stored directly.
@@ -82,6 +87,7 @@ inline gemm_split gemm_split_for(std::int64_t M, std::int64_t N, std::int64_t K)
   s.k_per = static_cast<int>(K);
   if (M == 0 || N == 0 || K == 0) return s;
   const std::int64_t tiles = ((M + k_gemm_bm - 1) / k_gemm_bm) * ((N + k_gemm_bn - 1) / k_gemm_bn);
+  if (tiles >= k_gemm_wave_tiles) return s;
   std::int64_t n = (k_gemm_target_ctas + tiles - 1) / tiles;
   const std::int64_t by_k = (K + k_gemm_min_k_per_split - 1) / k_gemm_min_k_per_split;
   if (n > by_k) n = by_k;

@@ -90,13 +90,67 @@ constexpr std::size_t gather_gemm_mma_smem() {
   return (tc_tile<Op::layout::a_kmajor>::words + tc_tile<Op::layout::b_kmajor>::words) * sizeof(uint4);
 }
 
+//! The warp's 32 x 32 outputs (rows wm.., columns wn.. of the CTA's tile) += one staged step:
+//! A's tile at `as` and B's at `bs` (tc_tile layouts), k_tc_bk deep.
+template <class Op>
+__device__ __forceinline__ void tc_tile_mma(float (&acc)[2][4][4], const typename Op::elem* as,
+                                            const typename Op::elem* bs, int lane, int wm, int wn) {
+  using TA = tc_tile<Op::layout::a_kmajor>;
+  using TB = tc_tile<Op::layout::b_kmajor>;
+  using M16 = mma16<typename Op::elem>;
+  namespace L = mma_layout;
+#pragma unroll
+  for (int kk = 0; kk < k_tc_bk / 16; ++kk) {
+    unsigned af[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if constexpr (Op::layout::a_kmajor)
+        ldmatrix_x4_trans(af[i], as + (kk * 16 + L::at_ld_row(lane)) * TA::ld + wm + i * 16 + L::at_ld_col(lane));
+      else
+        ldmatrix_x4(af[i], as + (wm + i * 16 + L::a_ld_row(lane)) * TA::ld + kk * 16 + L::a_ld_col(lane));
+    }
+#pragma unroll
+    for (int np = 0; np < 2; ++np) {  // pairs of n-tiles: columns wn + [16 np, 16 np + 16)
+      unsigned bf[4];
+      if constexpr (Op::layout::b_kmajor)
+        ldmatrix_x4_trans(bf, bs + (kk * 16 + L::bv_ld_row(lane)) * TB::ld + wn + np * 16 + L::bv_ld_col(lane));
+      else
+        ldmatrix_x4(bf, bs + (wn + np * 16 + L::bk_ld_row(lane)) * TB::ld + kk * 16 + L::bk_ld_col(lane));
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        M16::run(acc[i][2 * np], af[i], bf[0], bf[1]);
+        M16::run(acc[i][2 * np + 1], af[i], bf[2], bf[3]);
+      }
+    }
+  }
+}
+
+//! The warp's 32 x 32 sums (first row r0, first column c0) to op.store, or with `partial` to
+//! partial[blockIdx.z][M][N]; outputs outside [0, M) x [0, N) dropped.
+template <class Op>
+__device__ __forceinline__ void tc_store_tile(const Op& op, const float (&acc)[2][4][4], int r0, int c0, int lane,
+                                              float* partial) {
+  namespace L = mma_layout;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + i * 16 + L::acc_row(lane, e), c = c0 + j * 8 + L::acc_col(lane, e);
+        if (r >= op.M || c >= op.N) continue;
+        if (partial)
+          partial[(static_cast<std::int64_t>(blockIdx.z) * op.M + r) * op.N + c] = acc[i][j][e];
+        else
+          op.store(r, c, acc[i][j][e]);
+      }
+}
+
 template <class Op>
 __global__ void __launch_bounds__(k_tc_threads) gather_gemm_mma(const Op op, const int k_per, float* partial) {
   using T = typename Op::elem;
   using TA = tc_tile<Op::layout::a_kmajor>;
   using TB = tc_tile<Op::layout::b_kmajor>;
-  using M16 = mma16<T>;
-  namespace L = mma_layout;
   GM_DYNAMIC_SMEM(smem);  // gather_gemm_mma_smem<Op>() bytes: A's tile, then B's
   uint4* const a_smem = reinterpret_cast<uint4*>(smem);
   uint4* const b_smem = a_smem + TA::words;
@@ -144,46 +198,11 @@ __global__ void __launch_bounds__(k_tc_threads) gather_gemm_mma(const Op op, con
     }
     __syncthreads();
     if (k0 + k_tc_bk < k_end) fetch(k0 + k_tc_bk);  // in flight while the tensor cores run
-#pragma unroll
-    for (int kk = 0; kk < k_tc_bk / 16; ++kk) {
-      unsigned af[2][4];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        if constexpr (Op::layout::a_kmajor)
-          ldmatrix_x4_trans(af[i], as + (kk * 16 + L::at_ld_row(lane)) * TA::ld + wm + i * 16 + L::at_ld_col(lane));
-        else
-          ldmatrix_x4(af[i], as + (wm + i * 16 + L::a_ld_row(lane)) * TA::ld + kk * 16 + L::a_ld_col(lane));
-      }
-#pragma unroll
-      for (int np = 0; np < 2; ++np) {  // pairs of n-tiles: columns wn + [16 np, 16 np + 16)
-        unsigned bf[4];
-        if constexpr (Op::layout::b_kmajor)
-          ldmatrix_x4_trans(bf, bs + (kk * 16 + L::bv_ld_row(lane)) * TB::ld + wn + np * 16 + L::bv_ld_col(lane));
-        else
-          ldmatrix_x4(bf, bs + (wn + np * 16 + L::bk_ld_row(lane)) * TB::ld + kk * 16 + L::bk_ld_col(lane));
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          M16::run(acc[i][2 * np], af[i], bf[0], bf[1]);
-          M16::run(acc[i][2 * np + 1], af[i], bf[2], bf[3]);
-        }
-      }
-    }
+    tc_tile_mma<Op>(acc, as, bs, lane, wm, wn);
     __syncthreads();
   }
 
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = m0 + wm + i * 16 + L::acc_row(lane, e), c = n0 + wn + j * 8 + L::acc_col(lane, e);
-        if (r >= op.M || c >= op.N) continue;
-        if (partial)
-          partial[(static_cast<std::int64_t>(blockIdx.z) * op.M + r) * op.N + c] = acc[i][j][e];
-        else
-          op.store(r, c, acc[i][j][e]);
-      }
+  tc_store_tile(op, acc, m0 + wm, n0 + wn, lane, partial);
 }
 
 }  // namespace cuda

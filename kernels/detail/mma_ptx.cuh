@@ -1,8 +1,10 @@
 //! \file mma_ptx.cuh
 //! Private: the tensor-core instructions (sm_80+) the attention kernels use, ldmatrix.x4 and
-//! mma.sync m16n8k16 with fp32 accumulation, for fp16 and bf16. Under GREENMIM_CUDA_EMULATION
-//! the emulator provides both as warp collectives written from the PTX ISA fragment tables
-//! (kernels/emu), independently of the kernels' own layout maps (mma_layout.hpp).
+//! mma.sync m16n8k16 with fp32 accumulation, for fp16 and bf16, and the asynchronous copies that
+//! feed them (cp.async.cg of 16 bytes, commit_group, wait_group). Under GREENMIM_CUDA_EMULATION
+//! the emulator provides ldmatrix and mma as warp collectives written from the PTX ISA fragment
+//! tables (kernels/emu), independently of the kernels' own layout maps (mma_layout.hpp), and
+//! defers cp.async's shared-memory writes to wait_group as the device may.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +22,12 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) { :
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
   ::gm_emu::ldmatrix_x4(r, p, true);
 }
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) { ::gm_emu::cp_async16(smem, gmem); }
+__device__ __forceinline__ void cp_async_commit() { ::gm_emu::cp_async_commit(); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  ::gm_emu::cp_async_wait(N);
+}
 #else
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -35,6 +43,19 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p))
                : "memory");
+}
+//! 16 bytes from global `gmem` to shared `smem` (both 16-byte aligned), bypassing L1; completes
+//! asynchronously: visible to this thread after cp_async_wait retires its group, to the CTA after
+//! that and a barrier.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" : : "r"(smem_addr(smem)), "l"(gmem) : "memory");
+}
+//! Closes this thread's open group of cp.async copies.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" : : : "memory"); }
+//! Waits until at most the newest N committed groups of this thread's copies are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" : : "n"(N) : "memory");
 }
 #endif
 

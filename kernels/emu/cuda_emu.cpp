@@ -102,7 +102,26 @@ struct fiber {
   int warp = 0, lane = 0;
   enum state_t { ready, wait_block, wait_warp, done } state = ready;
   std::uint64_t wait_gen = 0;
+  // cp.async: copies not yet written to shared memory, each tagged with its group (groups
+  // [0, committed) are committed; a copy tagged `committed` belongs to the open group)
+  struct async_copy {
+    void* dst;
+    unsigned char bytes[16];
+    std::uint64_t group;
+  };
+  std::vector<async_copy> copies;
+  std::uint64_t committed = 0;
 };
+
+//! Writes f's pending cp.async copies of groups < `upto` to shared memory, in issue order.
+void retire_copies(fiber& f, std::uint64_t upto) {
+  std::size_t keep = 0;
+  for (std::size_t i = 0; i < f.copies.size(); ++i) {
+    if (f.copies[i].group < upto) std::memcpy(f.copies[i].dst, f.copies[i].bytes, 16);
+    else f.copies[keep++] = f.copies[i];
+  }
+  f.copies.resize(keep);
+}
 
 struct warp_state {
   int lanes = 32;     // lanes of this warp in the CTA (the last warp may be partial)
@@ -147,6 +166,7 @@ void fiber_entry() {
     g_block_faulted = true;
   }
   fiber* f = g_cur;
+  retire_copies(*f, ~std::uint64_t(0));  // a thread's copies complete even after it exits
   f->state = fiber::done;
   warp_state& w = g_warps[static_cast<std::size_t>(f->warp)];
   ++w.exited;
@@ -332,6 +352,8 @@ bool run_block(int threads) {
     f.lane = i % 32;
     f.state = fiber::ready;
     f.wait_gen = 0;
+    f.copies.clear();
+    f.committed = 0;
     prepare(f);
   }
   std::vector<int> order(static_cast<std::size_t>(threads));
@@ -384,6 +406,25 @@ const uint3& thread_idx() {
   return g_cur->tid;
 }
 int lane_id() { return g_cur ? g_cur->lane : 0; }
+
+void cp_async16(void* dst, const void* src) {
+  if (g_cur == nullptr) fault("cp.async outside a kernel");
+  if ((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src)) % 16 != 0)
+    fault("cp.async of 16 bytes from or to an address that is not 16-byte aligned");
+  fiber::async_copy c;
+  c.dst = dst;
+  std::memcpy(c.bytes, src, 16);
+  c.group = g_cur->committed;
+  g_cur->copies.push_back(c);
+}
+void cp_async_commit() {
+  if (g_cur) ++g_cur->committed;
+}
+void cp_async_wait(int n) {
+  if (g_cur == nullptr) return;
+  const std::uint64_t keep = static_cast<std::uint64_t>(n < 0 ? 0 : n);
+  retire_copies(*g_cur, g_cur->committed > keep ? g_cur->committed - keep : 0);
+}
 void* dynamic_smem_ptr() { return g_smem.user; }
 
 void fault(const std::string& why) {

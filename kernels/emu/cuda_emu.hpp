@@ -17,6 +17,9 @@
 //!   order: tests run a kernel under several schedules and demand bitwise-identical output;
 //! - ldmatrix and mma.sync m16n8k16 are warp collectives implemented from the PTX ISA fragment
 //!   tables, independently of the kernel's own layout maps (kernels/detail/mma_layout.hpp);
+//! - cp.async is deferred as on the device: a copy's source is read when it is issued, but its
+//!   shared-memory destination is written only when cp.async.wait_group retires its group (or the
+//!   thread exits), so a kernel that reads a stage before waiting for it reads stale bytes;
 //! - cudaMalloc'd buffers and the dynamic shared memory end at a guard page (accesses past them
 //!   abort with a message, like compute-sanitizer's memcheck), and both start filled with 0xFF
 //!   bytes, a NaN in every float type, so reads of never-written memory show up as NaN;
@@ -88,6 +91,11 @@ int lane_id();
 [[noreturn]] void fault(const std::string& why);
 
 void ldmatrix_x4(unsigned (&r)[4], const void* p, bool trans);
+//! cp.async.cg 16 bytes (read now, written to `dst` when its group retires), commit_group, and
+//! wait_group n (retires every committed group but the newest n), per emulated thread.
+void cp_async16(void* dst, const void* src);
+void cp_async_commit();
+void cp_async_wait(int n);
 void mma_m16n8k16_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1);
 void mma_m16n8k16_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1);
 template <class T>

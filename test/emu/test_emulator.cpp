@@ -49,6 +49,28 @@ __global__ void k_warp_ops(const float* in, float* xor_out, int* votes, int* red
   if (t == 0) red[2 * blockDim.x] = ok * 10000 + any * 1000 + cnt;
 }
 
+// cp.async: each thread copies 16 bytes (4 ints) of `in` to shared memory in two groups, and
+// records what it sees of its own slots before any wait, after wait_group 1 (the first group
+// retired), and after wait_group 0.
+__global__ void k_cp_async(const int* in, int* out) {
+  alignas(16) __shared__ int s[2][64 * 4];
+  const int t = threadIdx.x;
+  s[0][4 * t] = -1;
+  s[1][4 * t] = -1;
+  gm_emu::cp_async16(&s[0][4 * t], in + 4 * t);
+  gm_emu::cp_async_commit();
+  gm_emu::cp_async16(&s[1][4 * t], in + 256 + 4 * t);
+  gm_emu::cp_async_commit();
+  out[6 * t] = s[0][4 * t];
+  out[6 * t + 1] = s[1][4 * t];
+  gm_emu::cp_async_wait(1);
+  out[6 * t + 2] = s[0][4 * t];
+  out[6 * t + 3] = s[1][4 * t];
+  gm_emu::cp_async_wait(0);
+  out[6 * t + 4] = s[0][4 * t];
+  out[6 * t + 5] = s[1][4 * t + 3];
+}
+
 __global__ void k_divergent_syncthreads(int* out) {
   if (threadIdx.x < 32) __syncthreads();
   out[threadIdx.x] = 1;
@@ -185,6 +207,25 @@ TEST_CASE("emulator: a race between barriers shows up as schedule dependence") {
   }
   gm_emu::set_schedule(gm_emu::schedule::forward);
   CHECK(outs[0] != outs[1]);
+}
+
+TEST_CASE("emulator: cp.async writes shared memory only when wait_group retires its group") {
+  std::vector<int> in(512);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int>(i) + 1000;
+  dev<int> din(in), dout(6 * 64);
+  REQUIRE(gm_emu::launch(k_cp_async, dim3(1), dim3(64), 0, nullptr, static_cast<const int*>(din.p), dout.p) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const std::vector<int> out = dout.get();
+  for (int t = 0; t < 64; ++t) {
+    INFO("thread " << t);
+    const int* o = &out[static_cast<std::size_t>(6 * t)];
+    CHECK(o[0] == -1);  // not yet written
+    CHECK(o[1] == -1);
+    CHECK(o[2] == in[static_cast<std::size_t>(4 * t)]);  // wait_group 1: the older group only
+    CHECK(o[3] == -1);
+    CHECK(o[4] == in[static_cast<std::size_t>(4 * t)]);
+    CHECK(o[5] == in[static_cast<std::size_t>(256 + 4 * t + 3)]);
+  }
 }
 
 TEST_CASE("emulator: shuffles, votes, warp reductions and barrier reductions") {

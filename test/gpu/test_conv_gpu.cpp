@@ -561,6 +561,9 @@ TEST_CASE("block conv (host): the split of its GEMMs") {
     const auto s = gemm_split_for(M, N, K);
     REQUIRE(s.splits >= 1);
     CHECK(s.splits <= 65535);
+    const std::int64_t tiles = ((M + greenmim::detail::cuda::k_gemm_bm - 1) / greenmim::detail::cuda::k_gemm_bm) *
+                               ((N + greenmim::detail::cuda::k_gemm_bn - 1) / greenmim::detail::cuda::k_gemm_bn);
+    if (tiles >= greenmim::detail::cuda::k_gemm_wave_tiles) CHECK(s.splits == 1);  // a wave without a split
     if (s.splits == 1) {
       CHECK(s.partial_floats(M, N) == 0);
       CHECK(s.k_per >= K);  // one split covers the whole reduction
@@ -580,6 +583,8 @@ TEST_CASE("block conv (host): the split of its GEMMs") {
   // Twins-L GSA sub-sampling at stage 1 (batch 64, 12 outputs per sample): 24 output tiles, split
   // so that the grid has about k_gemm_target_ctas CTAs
   CHECK(gemm_split_for(768, 128, 8192).splits >= 32);
+  // its patch embedding at stage 1 (12288 outputs x 256 channels, K = 512): 768 tiles, no split
+  CHECK(gemm_split_for(12288, 256, 512).splits == 1);
 }
 
 TEST_CASE("gpu conv entry points refuse bad arguments before launching") {
@@ -675,6 +680,9 @@ TEST_CASE("emulated conv kernels: bitwise identical under every thread schedule 
     for (auto& b : depthwise_case("schedule", cu, c, 16, 1, 3, GM_FLOAT32, false, rng)) out.push_back(b);
     for (auto& b : depthwise_case("schedule", cu, c, 16, 11, 16, GM_FLOAT16, true, rng)) out.push_back(b);
     for (auto& b : block_case("schedule", cu, c, 16, 4, 2, 12, 20, GM_FLOAT16, rng)) out.push_back(b);
+    // C_in 16: the forward's cp.async ring (gather_gemm_async), split and not
+    for (auto& b : block_case("schedule", cu, c, 16, 2, 2, 16, 72, GM_BFLOAT16, rng)) out.push_back(b);
+    for (auto& b : block_case("schedule", cu, c, 16, 4, 2, 64, 24, GM_BFLOAT16, rng)) out.push_back(b);
     return out;
   };
   std::mt19937_64 rng(seed);
