@@ -4,19 +4,26 @@
 // C -> C) at stages 1-3 and patch embedding (block conv s 2, C_i -> C_{i+1}) between stages,
 // forward and backward. Per row: median time (cudaEvent around each launch queued behind a 50 us
 // GPU spin, warm-up first), the bytes each call must move at least (inputs read once, outputs
-// written once) and the bandwidth over them, and multiply-adds x 2 per second.
+// written once) and the bandwidth over them, and multiply-adds x 2 per second. With cuBLAS (16-bit
+// dtypes), each block conv is followed by its peer, the same GEMMs on dense operands timed the
+// same way: `cublas_fwd` (Y = A W'^T, M = B * N_next, N = C_out, K = s*s*C_in) and `cublas_bwd`
+// (dA = dY W', dW = dY^T A in fp32), and `ratio` rows: cuBLAS's time / ours (1.0 = cuBLAS's rate).
 //
 // Usage: greenmim_conv_gpu_bench [--batch 64] [--reps 20] [--warmup 3] [--dtype bf16|fp16|fp32]
 //                                [--seed 0]
 // Figures: docs/perf/NVIDIA_H200_* (run by bench/gpu/run.sh); on the CPU emulator it runs at toy
 // sizes as a harness check (ctest conv_gpu_bench_emulated), where timings mean nothing.
 #include <cuda_runtime_api.h>
+#ifdef GM_BENCH_HAVE_CUBLAS
+#include <cublas_v2.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <greenmim/kernels.h>
@@ -54,6 +61,45 @@ void print_row(const char* op, int stage, std::int64_t B, std::int64_t N, std::i
               bytes / (ms * 1e-3) / 1e9, 2 * macs / (ms * 1e-3) / 1e9);
 }
 
+#ifdef GM_BENCH_HAVE_CUBLAS
+//! The block conv's GEMMs on dense operands (row-major A [M, K], W' [N, K], Y [M, N]): forward
+//! Y = A W'^T, backward dA = dY W' and dW = dY^T A (fp32 out). Times (ms) of the forward and of
+//! the backward's two, or -1 where cuBLAS fails.
+struct cublas_peer {
+  cublasHandle_t h = nullptr;
+  cublas_peer() {
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) h = nullptr;
+  }
+  ~cublas_peer() {
+    if (h) cublasDestroy(h);
+  }
+  std::pair<double, double> time(std::int64_t M, std::int64_t N, std::int64_t K, gm_dtype dt, int warmup, int reps) {
+    if (!h || dt == GM_FLOAT32) return {-1, -1};
+    const cudaDataType_t t = dt == GM_BFLOAT16 ? CUDA_R_16BF : CUDA_R_16F;
+    dmem a = random_buffer(static_cast<std::size_t>(M * K), dt, 11), w = random_buffer(static_cast<std::size_t>(N * K), dt, 12);
+    dmem y = random_buffer(static_cast<std::size_t>(M * N), dt, 13), da(static_cast<std::size_t>(M * K) * 2),
+         dw(static_cast<std::size_t>(N * K) * 4);
+    const float one = 1.f, zero = 0.f;
+    const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+    bool ok = true;
+    // column-major views: Y^T [N x M] = W' [N x K] (stored K x N: transposed) * A^T [K x M]
+    auto fwd = [&](int) {
+      ok = ok && cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, w.p, t, k, a.p, t, k, &zero, y.p, t, n,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+    };
+    // dA^T [K x M] = W'^T [K x N] * dY^T [N x M]; dW^T [K x N] = A^T [K x M] * dY [M x N]
+    auto bwd = [&](int) {
+      ok = ok && cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, k, m, n, &one, w.p, t, k, y.p, t, n, &zero, da.p, t, k,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+      ok = ok && cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, k, n, m, &one, a.p, t, k, y.p, t, n, &zero, dw.p, CUDA_R_32F, k,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+    };
+    const double f = median_ms(fwd, warmup, reps), b = median_ms(bwd, warmup, reps);
+    return ok ? std::make_pair(f, b) : std::make_pair(-1.0, -1.0);
+  }
+};
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -86,6 +132,9 @@ int main(int argc, char** argv) {
   std::printf("%-16s %5s %6s %7s %6s %6s %10s %10s %10s\n", "op", "stage", "B", "N", "C", "C_out", "ms", "GB/s",
               "GFLOP/s");
   const std::int64_t B = batch;
+#ifdef GM_BENCH_HAVE_CUBLAS
+  cublas_peer peer;
+#endif
   for (int s = 0; s < 4; ++s) {
     std::vector<index_t> coords;
     greenmim::check(greenmim::visible_coords(greenmim::span<const std::uint8_t>(units), cfg.grid(), m.grid(s), coords));
@@ -159,6 +208,18 @@ int main(int argc, char** argv) {
       const double bb_ms =
           median_ms([&](int) { BENCH_CHECK(gm_block_conv_bwd(&b, bws.p, bwd_ws, nullptr)); }, warmup, reps);
       print_row(bwd, s + 1, B, N, C, Co, bb_ms, 2 * feat + ybytes + 2 * wbytes, 2 * macs);
+#ifdef GM_BENCH_HAVE_CUBLAS
+      const auto pt = peer.time(B * Nn, Co, static_cast<std::int64_t>(k) * k * C, dt, warmup, reps);
+      if (pt.first > 0) {
+        // the dense GEMMs do the block conv's multiply-adds (every output cell's block counted whole)
+        const double gm = static_cast<double>(B * Nn) * Co * k * k * C;
+        print_row("cublas_fwd", s + 1, B, N, C, Co, pt.first, 0, gm);
+        print_row("cublas_bwd", s + 1, B, N, C, Co, pt.second, 0, 2 * gm);
+        std::printf("%-16s %5d  ours at %.2f of cuBLAS's rate (fwd), %.2f (bwd), %.2f (fwd + bwd)\n",
+                    which == 0 ? "ratio_gsa_sr" : "ratio_embed", s + 1, pt.first / bf, pt.second / bb_ms,
+                    (pt.first + pt.second) / (bf + bb_ms));
+      }
+#endif
     }
   }
   return 0;
