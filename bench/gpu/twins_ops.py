@@ -7,10 +7,15 @@
                        conv at >= 70% of the copy's rate at stage 1), and the masked dense conv
                        in cuDNN (zero the masked cells, convolve the whole grid: ConvNeXt V2's
                        and SparK's choice, the peer to beat at 25-40% visible tokens)
-  block conv           greenmim.block_conv (GSA sub-sampling sr 8/4/2, patch embedding s 2)
-                       against the same GEMM in cuBLAS (torch.mm on the gathered [N_out,
-                       s*s*C_in] rows; target: >= 60% of its rate) and the dense cuDNN conv
-                       over the full grid (target: faster)
+  block conv           greenmim.block_conv (GSA sub-sampling sr 8/4/2, patch embedding s 2;
+                       its default, a gather + cuBLAS, and algo="fused", the C ABI's fused
+                       gather-GEMM kernels) against the same GEMM in cuBLAS (torch.mm on the
+                       gathered [N_out, s*s*C_in] rows; target: >= 60% of its rate) and the
+                       dense cuDNN conv over the full grid (target: faster)
+
+On CUDA each callable is captured in a CUDA graph and its replays timed with events (the GPU's
+time, as the trainer's --cuda_graphs runs them); --eager times each call alone, synchronized,
+host time included (what an eager step pays: 40-100 us a call here, more than most kernels).
 
 Rates: the depthwise conv moves 2 N C elements (in, out; the table is small), the block conv
 does N_out * s^2 C_in * C_out multiply-adds. Visible ratios: --keep (default 0.25,0.40).
@@ -35,7 +40,9 @@ import greenmim
 STAGES = {1: (56, 128, 8, 256), 2: (28, 256, 4, 512), 3: (14, 512, 2, 1024)}
 
 
-def timed(fn, reps, warmup, cuda):
+def timed(fn, reps, warmup, cuda, graphs=True):
+    if cuda and graphs:
+        return timed_graph(fn, reps, max(warmup, 2))
     for _ in range(warmup):
         fn()
     ts = []
@@ -47,6 +54,30 @@ def timed(fn, reps, warmup, cuda):
         if cuda:
             torch.cuda.synchronize()
         ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+def timed_graph(fn, reps, warmup, per=10):
+    """Median over `reps` of (`per` replays of fn captured in a CUDA graph, timed with events) / per."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    ts = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(per):
+            g.replay()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) / per)
+    del g
     return statistics.median(ts)
 
 
@@ -65,12 +96,15 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--csv", default="")
+    ap.add_argument("--eager", action="store_true", help="time each call alone, host time included (no CUDA graphs)")
     a = ap.parse_args(argv)
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
     dt = torch.bfloat16 if cuda else torch.float32
     name = torch.cuda.get_device_name(dev) if cuda else "CPU (smoke run: times mean nothing)"
-    print(f"== Twins ops on visible tokens, Twins-L shapes, batch {a.batch}, {dt}, {name}, torch {torch.__version__}")
+    how = "eager calls, host time included" if a.eager or not cuda else "CUDA graph replays, GPU time"
+    print(f"== Twins ops on visible tokens, Twins-L shapes, batch {a.batch}, {dt}, {name}, torch {torch.__version__}, "
+          f"{how}")
     print("| op | stage | visible | greenmim fwd ms | fwd+bwd ms | peer | peer fwd ms | peer fwd+bwd ms | "
           "greenmim rate | peer rate | rate ratio | speed-up vs peer (fwd, fwd+bwd) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -94,8 +128,8 @@ def main(argv=None) -> int:
             st = plan.stages[s - 1]
             N = st.num_tokens
             x = torch.randn(1, N, C, device=dev, dtype=dt, requires_grad=True)
-            run = lambda f, *i: (timed(lambda: f(*i), a.reps, a.warmup, cuda),
-                                 timed(fwd_bwd(f, *i), a.reps, a.warmup, cuda))
+            run = lambda f, *i: (timed(lambda: f(*i), a.reps, a.warmup, cuda, not a.eager),
+                                 timed(fwd_bwd(f, *i), a.reps, a.warmup, cuda, not a.eager))
             # PEG
             w = torch.randn(C, 1, 3, 3, device=dev, requires_grad=True)
             b = torch.randn(C, device=dev, requires_grad=True)
@@ -122,6 +156,9 @@ def main(argv=None) -> int:
                 Wm = torch.randn(k * k * C, co, device=dev, dtype=dt, requires_grad=True)
                 gemm = run(lambda A: A @ Wm, A)
                 emit(op, s, keep, ours, "cuBLAS GEMM", gemm, tflops(ours[0]), tflops(gemm[0]), "TFLOP/s")
+                fused = run(lambda x: greenmim.block_conv(x, table, wk, bk, algo="fused"), x)
+                emit(op + " (fused kernels)", s, keep, fused, "cuBLAS GEMM", gemm, tflops(fused[0]), tflops(gemm[0]),
+                     "TFLOP/s")
                 full = run(lambda d: F.conv2d(d, wk.to(dt), bk.to(dt), stride=k), dense)
                 dense_tf = lambda ms: 2 * a.batch * (grid // k) ** 2 * k * k * C * co / T(ms) / 1e12
                 emit(op, s, keep, ours, "dense cuDNN conv (all tokens)", full, tflops(ours[0]), dense_tf(full[0]),

@@ -2,7 +2,10 @@
 
 - CPU tensors (float32/float64): the Eigen reference of reference/conv.hpp (libgreenmim_host).
 - CUDA tensors (float32/float16/bfloat16): the kernels of kernels.h (depthwise_conv.cu,
-  block_conv.cu) on torch's current stream; weights, biases and their gradients float32.
+  block_conv.cu) on torch's current stream; weights, biases and their gradients float32. The
+  block conv by default runs as a gather of x's rows and cuBLAS GEMMs instead (``_gemm_path``:
+  3-4x faster than its fused kernels, measured on an H200: docs/sparse-conv.md); ``fused``
+  asks for the kernels.
 - ``emulate_cuda()``: CPU tensors through the kernels on the CPU emulator (libgreenmim_emu).
 
 Tables are int32 tensors on the features' device: the 3x3 neighbour table ``[N, 9]`` and the
@@ -148,13 +151,125 @@ def depthwise_bwd(dy: Tensor, x: Tensor, nbr: Tensor, weight: Tensor, residual: 
     return dx, dw, db
 
 
-def block_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+def _gemm_path(x: Tensor, fused: bool) -> bool:
+    """The block conv on real CUDA tensors, unless the fused kernels are asked for: the blocks'
+    rows gathered by the library's row copy (gm_partition_tokens) and cuBLAS GEMMs (torch.mm);
+    dx scattered back by gm_unpartition_tokens. The fused gather-GEMM kernels ran at 14-23% of
+    cuBLAS's rate on the same GEMMs (H200, 2026-11-26); the gather costs one pass over x."""
+    return x.device.type == "cuda" and not fused
+
+
+def _w_prime(weight: Tensor, dtype: torch.dtype) -> Tensor:
+    """W' [C_out, s*s*C_in], column p*C_in + c = weight[o, c, p] (x's dtype)."""
+    return weight.detach().to(dtype).permute(0, 2, 3, 1).reshape(weight.shape[0], -1)
+
+
+def _copy_rows(fn: str, x: Tensor, y: Tensor, index: Tensor, group_size: int) -> None:
+    """The library's row copies between x [B, N, C] (tokens) and y [B, S, C] (slots):
+    gm_partition_tokens, y[b, r] = x[b, index[r]]; gm_unpartition_tokens, x[b, t] = y[b, index[t]];
+    an index out of range gives a zero row (16-byte vectors where rows allow)."""
+    lib = _kernel_lib(x)
+    a = _lib.PartitionArgs()
+    a.dtype = _lib.GM_DTYPES[x.dtype]
+    a.x, a.y = _lib.tensor(x), _lib.tensor(y)
+    p = _lib.Partition()
+    p.gather = p.scatter = p.slot_window = index.data_ptr()   # the copies read the one of their direction
+    p.slot_coord = None
+    p.group_size, p.num_groups, p.num_tokens = group_size, y.shape[1] // group_size, x.shape[1]
+    a.part = p
+    _lib.kernel_check(lib, getattr(lib, fn)(ctypes.byref(a), _stream(x)), fn)
+
+
+def _gathered(x: Tensor, gather: Tensor, holes: bool) -> Tensor:
+    """A [B * N_next, s*s*C_in]: row b * N_next + n holds x[b, gather[n, p], :] for p = 0 .. s*s-1,
+    zero where gather is -1: the library's row gather on the kernels, else torch's index_select."""
+    B, N, C = x.shape
+    if uses_kernels(x):
+        a = torch.empty((B, gather.numel(), C), dtype=x.dtype, device=x.device)
+        _copy_rows("gm_partition_tokens", _rows(x), a, gather, gather.shape[1])
+    else:
+        idx = gather.reshape(-1)
+        if holes:
+            valid = idx >= 0
+            a = x.index_select(1, torch.where(valid, idx, torch.zeros_like(idx)))
+            a.mul_(valid.view(1, -1, 1).to(a.dtype))
+        else:
+            a = x.index_select(1, idx)
+    return a.view(B * gather.shape[0], -1)
+
+
+def _scatter_of(gather: Tensor, num_tokens: int) -> Tensor:
+    """int32 [N]: the slot (n * s*s + p) that holds each token, -1 for a token in no block. Holes
+    are sent to distinct rows past N, so every target is unique (deterministic)."""
+    idx = gather.reshape(-1)
+    S = idx.numel()
+    slots = torch.arange(S, dtype=torch.int32, device=idx.device)
+    target = torch.where(idx >= 0, idx, slots + num_tokens)
+    inv = torch.full((num_tokens + S,), -1, dtype=torch.int32, device=idx.device)
+    return inv.scatter_(0, target.long(), slots)[:num_tokens]
+
+
+_MM_OUT_DTYPE: dict = {}   # device type -> whether torch.mm takes out_dtype there
+
+
+def _mm_float32(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b in float32 (16-bit inputs: cuBLAS's fp32 output where torch has mm's out_dtype, else
+    the inputs widened); float64 stays float64 (the CPU reference's precision)."""
+    if a.dtype in (torch.float32, torch.float64):
+        return torch.mm(a, b)
+    dev = a.device.type
+    if _MM_OUT_DTYPE.get(dev, True):
+        try:
+            out = torch.mm(a, b, out_dtype=torch.float32)
+            _MM_OUT_DTYPE[dev] = True
+            return out
+        except (TypeError, RuntimeError, NotImplementedError):
+            _MM_OUT_DTYPE[dev] = False
+    return torch.mm(a.float(), b.float())
+
+
+def _block_fwd_gemm(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor], holes: bool, y: Tensor) -> None:
+    a, w = _gathered(x, gather, holes), _w_prime(weight, x.dtype)
+    y2 = y.view(-1, weight.shape[0])
+    if bias is not None:
+        torch.addmm(bias.detach().to(x.dtype), a, w.t(), out=y2)
+    else:
+        torch.mm(a, w.t(), out=y2)
+
+
+def _block_bwd_gemm(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, holes: bool, dx: Tensor,
+                    dw: Optional[Tensor], db: Optional[Tensor]) -> None:
+    B, N, C = x.shape
+    Co, s, Nn = weight.shape[0], weight.shape[2], gather.shape[0]
+    dy2 = dy.reshape(B * Nn, Co)
+    da = torch.mm(dy2, _w_prime(weight, x.dtype)).view(B, Nn * s * s, C)
+    idx = gather.reshape(-1)
+    if uses_kernels(x):             # every row of dx written: its slot's row of dA, or zeros
+        _copy_rows("gm_unpartition_tokens", dx, da, _scatter_of(gather, N), s * s)
+    elif holes:                     # -1 entries: their rows of dA dropped (added as zeros to token 0)
+        valid = idx >= 0
+        dx.zero_().index_add_(1, torch.where(valid, idx, torch.zeros_like(idx)), da * valid.view(1, -1, 1).to(da.dtype))
+    elif Nn * s * s == N:           # every token in exactly one block: a permutation, each row written once
+        dx.index_copy_(1, idx.long(), da)
+    else:
+        dx.zero_().index_copy_(1, idx.long(), da)
+    if dw is not None:
+        dw.copy_(_mm_float32(dy2.t(), _gathered(x, gather, holes)).view(Co, s, s, C).permute(0, 3, 1, 2))
+    if db is not None:
+        db.copy_(dy2.sum(0, dtype=db.dtype))
+
+
+def block_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor], holes: bool = True,
+              fused: bool = False) -> Tensor:
     B, s = x.shape[0], weight.shape[2]
     y = torch.empty((B, gather.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
     if y.numel() == 0:
         return y
     if x.shape[1] == 0 or x.shape[2] == 0:       # every input masked or no channel: the bias alone
         return y.copy_((bias if bias is not None else y.new_zeros(())).to(y.dtype).expand(y.shape))
+    if _gemm_path(x, fused):
+        _block_fwd_gemm(x, gather, weight, bias, holes, y)
+        return y
     w, b = _weights(weight, x), _weights(bias, x)
     if uses_kernels(x):
         lib = _kernel_lib(x)
@@ -168,13 +283,16 @@ def block_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor])
 
 
 def block_bwd(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, need_dw: bool,
-              need_db: bool) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+              need_db: bool, holes: bool = True, fused: bool = False) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)   # overwritten (0 for tokens in no block)
     dw, db = _grads(x, weight, need_dw, need_db, written=uses_kernels(x) and dy.numel() > 0 and x.numel() > 0)
     if dy.numel() == 0 or x.numel() == 0:
         dx.zero_()
         if db is not None and dy.numel():
             db.copy_(dy.to(db.dtype).sum((0, 1)))
+        return dx, dw, db
+    if _gemm_path(x, fused):
+        _block_bwd_gemm(dy, x, gather, weight, holes, dx, dw, db)
         return dx, dw, db
     w = _weights(weight, x)
     if uses_kernels(x):

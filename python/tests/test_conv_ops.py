@@ -135,11 +135,50 @@ def test_opcheck():
     ops = torch.ops.greenmim
     torch.library.opcheck(ops.depthwise_conv3x3_fwd.default, (x, nt.nbr, w, b, True))
     torch.library.opcheck(ops.depthwise_conv3x3_fwd.default, (x, nt.nbr, w, None, False))
-    torch.library.opcheck(ops.block_conv_fwd.default, (x, bt.gather, wb, bb))
+    torch.library.opcheck(ops.block_conv_fwd.default, (x, bt.gather, wb, bb, bool(bt.holes), False))
     dy = torch.randn_like(x)
     torch.library.opcheck(ops.depthwise_conv3x3_bwd.default, (dy, x.detach(), nt.nbr, w.detach(), True, True, False))
     dyb = torch.randn(1, bt.num_outputs, 6)
-    torch.library.opcheck(ops.block_conv_bwd.default, (dyb, x.detach(), bt.gather, wb.detach(), True, True))
+    torch.library.opcheck(ops.block_conv_bwd.default, (dyb, x.detach(), bt.gather, wb.detach(), True, True,
+                                                       bool(bt.holes), False))
+
+
+@pytest.mark.parametrize("kernels", [False, True])
+@pytest.mark.parametrize("holes", [True, False])
+def test_block_conv_gemm_path_equals_reference(holes, kernels):
+    """The CUDA default (the blocks' rows gathered, torch GEMMs, dx scattered back:
+    _conv_backend._block_*_gemm) against the Eigen reference: forward, dx, dweight, dbias; shared
+    and per-sample masks, strided rows, masks aligned to the blocks (no holes) or not. `kernels`:
+    the gather and scatter on the library's row copies (the emulator, float32), else torch's
+    (float64)."""
+    import contextlib
+    from greenmim import _conv_backend as cb
+    g = torch.Generator().manual_seed(11)
+    dt, ctx = (torch.float32, greenmim.emulate_cuda) if kernels else (D, contextlib.nullcontext)
+    for batch in (None, 3):
+        for s in (2, 4):
+            mask = stage_mask(16 if holes else 28, batch, holes, g, keep=0.4)   # 28: 4 x 4-token units
+            bt = greenmim.block_table(mask, s, cache=False)
+            assert bool(bt.holes) == holes
+            C, Co = 5, 7
+            rows = features(bt.num_inputs, mask, C + 3)[..., :C]      # rows C + 3 apart
+            x = rows.detach().clone().requires_grad_()
+            w = torch.randn(Co, C, s, s, dtype=D, requires_grad=True)
+            b = torch.randn(Co, dtype=D, requires_grad=True)
+            want = greenmim.block_conv(x, bt, w, b, algo="reference")
+            dy = torch.randn_like(want)
+            want_g = torch.autograd.grad(want, (x, w, b), dy)
+            tol = {} if dt == D else dict(rtol=1e-4, atol=1e-4)
+            with ctx():
+                got = torch.empty(want.shape, dtype=dt)
+                cb._block_fwd_gemm(rows.to(dt), bt.gather, w.to(dt), b.to(dt), bool(bt.holes), got)
+                dx = torch.full(rows.shape, float("nan"), dtype=dt)             # every element must be written
+                gd = cb.grad_dtype(dx)
+                dw, db = torch.full(w.shape, float("nan"), dtype=gd), torch.full(b.shape, float("nan"), dtype=gd)
+                cb._block_bwd_gemm(dy.to(dt), rows.to(dt), bt.gather, w, bool(bt.holes), dx, dw, db)
+            torch.testing.assert_close(got.double(), want.detach(), **tol)
+            for a, e in zip((dx, dw, db), want_g):
+                torch.testing.assert_close(a.double(), e, **tol)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])

@@ -96,7 +96,9 @@ def test_twins_ops_bench_smoke_on_cpu():
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [l for l in out.stdout.splitlines() if l.startswith("| ") and l[2].isalpha() and "| op |" not in l]
-    assert len(rows) == 3 * 6                     # 3 stages x (PEG: copy, masked dense; 2 block convs x 2 peers)
+    # 3 stages x (PEG: copy, masked dense; 2 block convs x (2 peers, and the fused kernels against cuBLAS))
+    assert len(rows) == 3 * 8
+    assert sum("(fused kernels)" in l for l in rows) == 3 * 2
     assert out.stdout.rstrip().endswith("twins_ops: done")
 
 
