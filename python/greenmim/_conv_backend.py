@@ -160,8 +160,11 @@ def _gemm_path(x: Tensor, fused: bool) -> bool:
 
 
 def _w_prime(weight: Tensor, dtype: torch.dtype) -> Tensor:
-    """W' [C_out, s*s*C_in], column p*C_in + c = weight[o, c, p] (x's dtype)."""
-    return weight.detach().to(dtype).permute(0, 2, 3, 1).reshape(weight.shape[0], -1)
+    """W' [C_out, s*s*C_in], column p*C_in + c = weight[o, c, p] (x's dtype): one cast-and-permute
+    copy (a cast, then a permuting reshape, would be two kernels)."""
+    Co, C, s = weight.shape[0], weight.shape[1], weight.shape[2]
+    w = torch.empty((Co, s, s, C), dtype=dtype, device=weight.device)
+    return w.copy_(weight.detach().permute(0, 2, 3, 1)).view(Co, -1)
 
 
 def _copy_rows(fn: str, x: Tensor, y: Tensor, index: Tensor, group_size: int) -> None:
