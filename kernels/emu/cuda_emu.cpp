@@ -373,6 +373,7 @@ bool run_block(int threads) {
       progressed = true;
       if (g_block_faulted) return false;
       if (f.state == fiber::done) --live;
+      if (g_schedule == schedule::greedy) break;  // from the first runnable thread again
     }
     if (live > 0 && !progressed) {
       g_fault = deadlock_report();
@@ -407,10 +408,19 @@ const uint3& thread_idx() {
 }
 int lane_id() { return g_cur ? g_cur->lane : 0; }
 
+namespace {
+cp_async_timing g_cp_async_timing = cp_async_timing::at_wait;
+}
+void set_cp_async_timing(cp_async_timing t) { g_cp_async_timing = t; }
+
 void cp_async16(void* dst, const void* src) {
   if (g_cur == nullptr) fault("cp.async outside a kernel");
   if ((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src)) % 16 != 0)
     fault("cp.async of 16 bytes from or to an address that is not 16-byte aligned");
+  if (g_cp_async_timing == cp_async_timing::at_issue) {
+    std::memcpy(dst, src, 16);
+    return;
+  }
   fiber::async_copy c;
   c.dst = dst;
   std::memcpy(c.bytes, src, 16);

@@ -17,9 +17,11 @@
 //!   order: tests run a kernel under several schedules and demand bitwise-identical output;
 //! - ldmatrix and mma.sync m16n8k16 are warp collectives implemented from the PTX ISA fragment
 //!   tables, independently of the kernel's own layout maps (kernels/detail/mma_layout.hpp);
-//! - cp.async is deferred as on the device: a copy's source is read when it is issued, but its
-//!   shared-memory destination is written only when cp.async.wait_group retires its group (or the
-//!   thread exits), so a kernel that reads a stage before waiting for it reads stale bytes;
+//! - cp.async lands at one of the two ends of its window on the device (`set_cp_async_timing`):
+//!   by default at the last moment, when cp.async.wait_group retires its group (or the thread
+//!   exits), so a kernel that reads a stage before waiting for it reads stale bytes; or at once,
+//!   when issued, so a copy into a buffer that other threads still read changes what they read
+//!   (schedule dependence, like any race);
 //! - cudaMalloc'd buffers and the dynamic shared memory end at a guard page (accesses past them
 //!   abort with a message, like compute-sanitizer's memcheck), and both start filled with 0xFF
 //!   bytes, a NaN in every float type, so reads of never-written memory show up as NaN;
@@ -50,11 +52,15 @@
 namespace gm_emu {
 
 // ---- configuration -------------------------------------------------------------------------------
-enum class schedule { forward, reverse, random };
+enum class schedule { forward, reverse, random, greedy };
 //! Order in which runnable threads are resumed between barriers (random: reshuffled every pass,
-//! from `seed`). Default: forward.
+//! from `seed`; greedy: the lowest-numbered runnable thread always runs next, so warp 0 runs ahead
+//! to each __syncthreads before warp 1 starts: the most skew between warps). Default: forward.
 void set_schedule(schedule s, std::uint64_t seed = 0);
 schedule get_schedule();
+//! When cp.async's shared-memory writes land: at wait_group (default) or when issued.
+enum class cp_async_timing { at_wait, at_issue };
+void set_cp_async_timing(cp_async_timing t);
 
 //! The message of the last kernel fault (divergent barrier, deadlock, misuse), "" if none.
 std::string last_fault();

@@ -185,7 +185,8 @@ TEST_CASE("emulator: __syncthreads orders shared memory; every schedule gives th
   std::vector<int> in(3 * 256);
   for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int>(i * 7 + 3);
   dev<int> din(in), dout(in.size());
-  for (auto s : {gm_emu::schedule::forward, gm_emu::schedule::reverse, gm_emu::schedule::random}) {
+  for (auto s : {gm_emu::schedule::forward, gm_emu::schedule::reverse, gm_emu::schedule::random,
+                 gm_emu::schedule::greedy}) {
     gm_emu::set_schedule(s, 5);
     REQUIRE(gm_emu::launch(k_block_reverse, dim3(3), dim3(256), 0, nullptr, static_cast<const int*>(din.p), dout.p) == cudaSuccess);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);

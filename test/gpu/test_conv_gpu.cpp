@@ -667,7 +667,10 @@ TEST_CASE("gpu conv entry points refuse bad arguments before launching") {
 
 TEST_CASE("emulated conv kernels: bitwise identical under every thread schedule (no races between barriers)") {
   struct restore {
-    ~restore() { gm_emu::set_schedule(gm_emu::schedule::forward); }
+    ~restore() {
+      gm_emu::set_schedule(gm_emu::schedule::forward);
+      gm_emu::set_cp_async_timing(gm_emu::cp_async_timing::at_wait);
+    }
   } guard;
   const std::uint64_t seed = fresh_seed();
   INFO("seed " << seed << " (GM_TEST_SEED)");
@@ -680,8 +683,10 @@ TEST_CASE("emulated conv kernels: bitwise identical under every thread schedule 
     for (auto& b : depthwise_case("schedule", cu, c, 16, 1, 3, GM_FLOAT32, false, rng)) out.push_back(b);
     for (auto& b : depthwise_case("schedule", cu, c, 16, 11, 16, GM_FLOAT16, true, rng)) out.push_back(b);
     for (auto& b : block_case("schedule", cu, c, 16, 4, 2, 12, 20, GM_FLOAT16, rng)) out.push_back(b);
-    // C_in 16: the forward's cp.async ring (gather_gemm_async), split and not
-    for (auto& b : block_case("schedule", cu, c, 16, 2, 2, 16, 72, GM_BFLOAT16, rng)) out.push_back(b);
+    // C_in a multiple of 8: the forward's cp.async ring (gather_gemm_async). Here 4 steps per
+    // split (the ring's slots reused) and 64 x 72 outputs, so every warp's outputs are real: a
+    // warp that overwrote a slot another still reads would change the result
+    for (auto& b : block_case("schedule", cu, c, 16, 2, 2, 64, 72, GM_BFLOAT16, rng)) out.push_back(b);
     for (auto& b : block_case("schedule", cu, c, 16, 4, 2, 64, 24, GM_BFLOAT16, rng)) out.push_back(b);
     return out;
   };
@@ -690,9 +695,20 @@ TEST_CASE("emulated conv kernels: bitwise identical under every thread schedule 
   gm_emu::set_schedule(gm_emu::schedule::forward);
   const auto want = run_all(inputs);
   const std::vector<std::pair<gm_emu::schedule, std::uint64_t>> others = {
-      {gm_emu::schedule::reverse, 0}, {gm_emu::schedule::random, rng()}};
+      {gm_emu::schedule::reverse, 0}, {gm_emu::schedule::random, rng()}, {gm_emu::schedule::greedy, 0}};
   for (const auto& sch : others) {
     INFO("schedule " << static_cast<int>(sch.first) << " seed " << sch.second);
+    gm_emu::set_schedule(sch.first, sch.second);
+    const auto got = run_all(inputs);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want[i]);
+  }
+  // cp.async landing when issued (the other end of its window): a copy into a ring slot that other
+  // warps still read changes what they read where one warp runs ahead (greedy)
+  gm_emu::set_cp_async_timing(gm_emu::cp_async_timing::at_issue);
+  for (const auto& sch : {std::make_pair(gm_emu::schedule::forward, std::uint64_t(0)),
+                          std::make_pair(gm_emu::schedule::greedy, std::uint64_t(0))}) {
+    INFO("cp.async at issue, schedule " << static_cast<int>(sch.first));
     gm_emu::set_schedule(sch.first, sch.second);
     const auto got = run_all(inputs);
     REQUIRE(got.size() == want.size());
