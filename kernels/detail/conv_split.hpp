@@ -67,10 +67,13 @@ constexpr std::int64_t k_gemm_target_ctas = 1024;
 constexpr std::int64_t k_gemm_min_k_per_split = 128;
 //! ... and at most this many partial floats in all (a 64 MiB workspace) ...
 constexpr std::int64_t k_gemm_max_partial_floats = std::int64_t(1) << 24;
-//! ... but none where the output tiles alone fill a wave of today's largest GPUs (132 SMs x 4
-//! CTAs): there the partials (4 bytes per output and split, written, then read back by a second
-//! kernel) cost more than the extra CTAs bring. Twins-L's patch embedding at stage 1 (batch 64,
-//! 25% visible: 768 tiles, K = 512) was split in 2, its 25 MB of partials larger than its operands.
+//! ... but none where there are this many output tiles or more: an empirical threshold (about
+//! four CTAs per SM of today's largest GPUs, though a 4-warp tensor-core CTA fits up to 7), above
+//! which the partials (4 bytes per output and split, written, then read back by a second kernel)
+//! cost more than the extra CTAs bring. Twins-L's patch embedding at stage 1 (batch 64, 25%
+//! visible: 768 tiles, K = 512) was split in 2, its 25 MB of partials larger than its operands;
+//! unsplit, its forward ran 1.46x faster (H200, 2026-11-26e). The rule decides the forward's,
+//! dx's and dweight's splits alike.
 constexpr std::int64_t k_gemm_wave_tiles = 512;
 
 //! Split-K of one C[M, N] = A[M, K] B[K, N]: `splits` CTAs along K (grid.z), each `k_per`

@@ -4,8 +4,8 @@
 - CUDA tensors (float32/float16/bfloat16): the kernels of kernels.h (depthwise_conv.cu,
   block_conv.cu) on torch's current stream; weights, biases and their gradients float32. The
   block conv by default runs as a gather of x's rows and cuBLAS GEMMs instead (``_gemm_path``:
-  3-4x faster than its fused kernels, measured on an H200: docs/sparse-conv.md); ``fused``
-  asks for the kernels.
+  1.3-3.1x faster forwards than its fused kernels, 1.5-2.3x forward + backward, on an H200:
+  docs/perf/NVIDIA_H200_2026-11-26e/); ``fused`` asks for the kernels.
 - ``emulate_cuda()``: CPU tensors through the kernels on the CPU emulator (libgreenmim_emu).
 
 Tables are int32 tensors on the features' device: the 3x3 neighbour table ``[N, 9]`` and the
@@ -154,8 +154,9 @@ def depthwise_bwd(dy: Tensor, x: Tensor, nbr: Tensor, weight: Tensor, residual: 
 def _gemm_path(x: Tensor, fused: bool) -> bool:
     """The block conv on real CUDA tensors, unless the fused kernels are asked for: the blocks'
     rows gathered by the library's row copy (gm_partition_tokens) and cuBLAS GEMMs (torch.mm);
-    dx scattered back by gm_unpartition_tokens. The fused gather-GEMM kernels ran at 14-23% of
-    cuBLAS's rate on the same GEMMs (H200, 2026-11-26); the gather costs one pass over x."""
+    dx scattered back by gm_unpartition_tokens. The fused gather-GEMM kernels ran at 15-25% of
+    cuBLAS's rate on the same GEMMs in the forward (H200, 2026-11-26); the gather costs one pass
+    over x."""
     return x.device.type == "cuda" and not fused
 
 
@@ -171,6 +172,8 @@ def _copy_rows(fn: str, x: Tensor, y: Tensor, index: Tensor, group_size: int) ->
     """The library's row copies between x [B, N, C] (tokens) and y [B, S, C] (slots):
     gm_partition_tokens, y[b, r] = x[b, index[r]]; gm_unpartition_tokens, x[b, t] = y[b, index[t]];
     an index out of range gives a zero row (16-byte vectors where rows allow)."""
+    if x.dtype != y.dtype:     # the copy moves bytes: another dtype would be read as this one
+        raise GreenmimError(f"greenmim: block conv: row copy between {x.dtype} and {y.dtype}")
     lib = _kernel_lib(x)
     a = _lib.PartitionArgs()
     a.dtype = _lib.GM_DTYPES[x.dtype]
@@ -183,16 +186,22 @@ def _copy_rows(fn: str, x: Tensor, y: Tensor, index: Tensor, group_size: int) ->
     _lib.kernel_check(lib, getattr(lib, fn)(ctypes.byref(a), _stream(x)), fn)
 
 
-def _gathered(x: Tensor, gather: Tensor, holes: bool) -> Tensor:
+def _holes(gather: Tensor) -> bool:
+    """Whether some block is partly visible (-1 entries): torch's gathers only (a host sync)."""
+    return bool((gather < 0).any())
+
+
+def _gathered(x: Tensor, gather: Tensor) -> Tensor:
     """A [B * N_next, s*s*C_in]: row b * N_next + n holds x[b, gather[n, p], :] for p = 0 .. s*s-1,
-    zero where gather is -1: the library's row gather on the kernels, else torch's index_select."""
+    zero where gather is -1: the library's row gather on the kernels (zeros for -1 entries, no
+    sync), else torch's index_select (CPU tensors: the tests' float64 path)."""
     B, N, C = x.shape
     if uses_kernels(x):
         a = torch.empty((B, gather.numel(), C), dtype=x.dtype, device=x.device)
         _copy_rows("gm_partition_tokens", _rows(x), a, gather, gather.shape[1])
     else:
         idx = gather.reshape(-1)
-        if holes:
+        if _holes(gather):
             valid = idx >= 0
             a = x.index_select(1, torch.where(valid, idx, torch.zeros_like(idx)))
             a.mul_(valid.view(1, -1, 1).to(a.dtype))
@@ -226,44 +235,53 @@ def _mm_float32(a: Tensor, b: Tensor) -> Tensor:
             out = torch.mm(a, b, out_dtype=torch.float32)
             _MM_OUT_DTYPE[dev] = True
             return out
-        except (TypeError, RuntimeError, NotImplementedError):
+        except (TypeError, NotImplementedError):   # not this torch or device; an OOM is raised
             _MM_OUT_DTYPE[dev] = False
     return torch.mm(a.float(), b.float())
 
 
-def _block_fwd_gemm(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor], holes: bool, y: Tensor) -> None:
-    a, w = _gathered(x, gather, holes), _w_prime(weight, x.dtype)
-    y2 = y.view(-1, weight.shape[0])
-    if bias is not None:
-        torch.addmm(bias.detach().to(x.dtype), a, w.t(), out=y2)
-    else:
-        torch.mm(a, w.t(), out=y2)
+def _no_autocast(x: Tensor):
+    """The GEMMs run in x's dtype whatever autocast region the op is called (or differentiated) in."""
+    return torch.autocast(x.device.type, enabled=False)
 
 
-def _block_bwd_gemm(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, holes: bool, dx: Tensor,
+def _block_fwd_gemm(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor], y: Tensor) -> None:
+    """y = A W'^T + bias in x's dtype (cuBLAS: fp32 sums; the bias rounded to x's dtype first; fp32
+    inputs follow torch's TF32 setting, torch.backends.cuda.matmul.allow_tf32)."""
+    with _no_autocast(x):
+        a, w = _gathered(x, gather), _w_prime(weight, x.dtype)
+        y2 = y.view(-1, weight.shape[0])
+        if bias is not None:
+            torch.addmm(bias.detach().to(x.dtype), a, w.t(), out=y2)
+        else:
+            torch.mm(a, w.t(), out=y2)
+
+
+def _block_bwd_gemm(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, dx: Tensor,
                     dw: Optional[Tensor], db: Optional[Tensor]) -> None:
     B, N, C = x.shape
     Co, s, Nn = weight.shape[0], weight.shape[2], gather.shape[0]
-    dy2 = dy.reshape(B * Nn, Co)
-    da = torch.mm(dy2, _w_prime(weight, x.dtype)).view(B, Nn * s * s, C)
-    idx = gather.reshape(-1)
-    if uses_kernels(x):             # every row of dx written: its slot's row of dA, or zeros
-        _copy_rows("gm_unpartition_tokens", dx, da, _scatter_of(gather, N), s * s)
-    elif holes:                     # -1 entries: their rows of dA dropped (added as zeros to token 0)
-        valid = idx >= 0
-        dx.zero_().index_add_(1, torch.where(valid, idx, torch.zeros_like(idx)), da * valid.view(1, -1, 1).to(da.dtype))
-    elif Nn * s * s == N:           # every token in exactly one block: a permutation, each row written once
-        dx.index_copy_(1, idx.long(), da)
-    else:
-        dx.zero_().index_copy_(1, idx.long(), da)
-    if dw is not None:
-        dw.copy_(_mm_float32(dy2.t(), _gathered(x, gather, holes)).view(Co, s, s, C).permute(0, 3, 1, 2))
-    if db is not None:
-        db.copy_(dy2.sum(0, dtype=db.dtype))
+    with _no_autocast(x):
+        dy2 = dy.to(x.dtype).reshape(B * Nn, Co)
+        da = torch.mm(dy2, _w_prime(weight, x.dtype)).view(B, Nn * s * s, C)
+        idx = gather.reshape(-1)
+        if uses_kernels(x):             # every row of dx written: its slot's row of dA, or zeros
+            _copy_rows("gm_unpartition_tokens", dx, da, _scatter_of(gather, N), s * s)
+        elif _holes(gather):            # -1 entries: their rows of dA dropped (added as zeros to token 0)
+            valid = idx >= 0
+            dx.zero_().index_add_(1, torch.where(valid, idx, torch.zeros_like(idx)),
+                                  da * valid.view(1, -1, 1).to(da.dtype))
+        elif Nn * s * s == N:           # every token in exactly one block: a permutation, each row written once
+            dx.index_copy_(1, idx.long(), da)
+        else:
+            dx.zero_().index_copy_(1, idx.long(), da)
+        if dw is not None:
+            dw.copy_(_mm_float32(dy2.t(), _gathered(x, gather)).view(Co, s, s, C).permute(0, 3, 1, 2))
+        if db is not None:
+            db.copy_(dy2.sum(0, dtype=db.dtype))
 
 
-def block_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor], holes: bool = True,
-              fused: bool = False) -> Tensor:
+def block_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor], fused: bool = False) -> Tensor:
     B, s = x.shape[0], weight.shape[2]
     y = torch.empty((B, gather.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
     if y.numel() == 0:
@@ -271,7 +289,7 @@ def block_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor],
     if x.shape[1] == 0 or x.shape[2] == 0:       # every input masked or no channel: the bias alone
         return y.copy_((bias if bias is not None else y.new_zeros(())).to(y.dtype).expand(y.shape))
     if _gemm_path(x, fused):
-        _block_fwd_gemm(x, gather, weight, bias, holes, y)
+        _block_fwd_gemm(x, gather, weight, bias, y)
         return y
     w, b = _weights(weight, x), _weights(bias, x)
     if uses_kernels(x):
@@ -286,7 +304,7 @@ def block_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor],
 
 
 def block_bwd(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, need_dw: bool,
-              need_db: bool, holes: bool = True, fused: bool = False) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+              need_db: bool, fused: bool = False) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)   # overwritten (0 for tokens in no block)
     dw, db = _grads(x, weight, need_dw, need_db, written=uses_kernels(x) and dy.numel() > 0 and x.numel() > 0)
     if dy.numel() == 0 or x.numel() == 0:
@@ -295,7 +313,7 @@ def block_bwd(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, need_dw: bo
             db.copy_(dy.to(db.dtype).sum((0, 1)))
         return dx, dw, db
     if _gemm_path(x, fused):
-        _block_bwd_gemm(dy, x, gather, weight, holes, dx, dw, db)
+        _block_bwd_gemm(dy, x, gather, weight, dx, dw, db)
         return dx, dw, db
     w = _weights(weight, x)
     if uses_kernels(x):

@@ -14,8 +14,8 @@ Both equal a dense ``torch.nn.functional.conv2d`` over the zero-filled grid, rea
 cells. Weights are the dense ``nn.Conv2d`` parameters (``[C, 1, 3, 3]``, ``[C_out, C_in, s, s]``).
 
 Where they run: CUDA tensors (fp32/fp16/bf16; weights float32) on the kernels, except the block
-conv, which by default gathers x's rows and runs cuBLAS's GEMMs inside its op (3-4x faster than
-its fused gather-GEMM kernels on an H200; ``algo="fused"`` takes the kernels); CPU tensors in
+conv, which by default gathers x's rows and runs cuBLAS's GEMMs inside its op (1.3-3.1x faster
+forwards than its fused gather-GEMM kernels on an H200; ``algo="fused"`` takes the kernels); CPU tensors in
 float32/float64, the depthwise conv on the Eigen reference, the block conv eagerly as torch's
 gather + GEMM (faster than the reference's loops; ``algo="reference"`` or ``torch.compile``
 take the reference); ``emulate_cuda()`` sends CPU tensors through the kernels on the emulator.
@@ -96,42 +96,41 @@ _eager.register_autograd("depthwise_conv3x3_fwd", _dw_backward, _dw_setup)
 # ---- block conv, kernel = stride ----------------------------------------------------------------
 
 @_eager.op("block_conv_fwd")
-def _bc_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor], holes: bool, fused: bool) -> Tensor:
+def _bc_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor], fused: bool) -> Tensor:
     cb.check_block(x, gather, weight, bias)
-    return cb.block_fwd(x, gather, weight, bias, holes, fused)
+    return cb.block_fwd(x, gather, weight, bias, fused)
 
 
 @_bc_fwd.register_fake
-def _(x, gather, weight, bias, holes, fused):
+def _(x, gather, weight, bias, fused):
     _check_devices("block conv", x, block_table=gather, weight=weight, bias=bias)
     return x.new_empty((x.shape[0], gather.shape[0], weight.shape[0]))
 
 
 @_eager.op("block_conv_bwd")
 def _bc_bwd(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, need_dw: bool,
-            need_db: bool, holes: bool, fused: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    dx, dw, db = cb.block_bwd(dy, x, gather, weight, need_dw, need_db, holes, fused)
+            need_db: bool, fused: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    dx, dw, db = cb.block_bwd(dy, x, gather, weight, need_dw, need_db, fused)
     return dx, dw if dw is not None else x.new_empty((0,)), db if db is not None else x.new_empty((0,))
 
 
 @_bc_bwd.register_fake
-def _(dy, x, gather, weight, need_dw, need_db, holes, fused):
+def _(dy, x, gather, weight, need_dw, need_db, fused):
     _check_devices("block conv backward", x, dy=dy, block_table=gather, weight=weight)
     return (x.new_empty(x.shape), *_fake_grads(x, weight, need_dw, need_db))
 
 
 def _bc_setup(ctx, inputs, output):
-    x, gather, weight, bias, holes, fused = inputs
+    x, gather, weight, bias, fused = inputs
     ctx.save_for_backward(x, gather, weight)
-    ctx.bias, ctx.holes, ctx.fused = bias is not None, holes, fused
+    ctx.bias, ctx.fused = bias is not None, fused
 
 
 def _bc_backward(ctx, dy):
     x, gather, weight = ctx.saved_tensors
     need_db = ctx.bias and _need(ctx, 3)
-    dx, dw, db = _eager.call("block_conv_bwd", dy, x, gather, weight, _need(ctx, 2), need_db, ctx.holes, ctx.fused)
-    return (dx, None, _grad_out(dw, weight, _need(ctx, 2)), db.to(weight.dtype) if need_db else None, None,
-            None)
+    dx, dw, db = _eager.call("block_conv_bwd", dy, x, gather, weight, _need(ctx, 2), need_db, ctx.fused)
+    return dx, None, _grad_out(dw, weight, _need(ctx, 2)), db.to(weight.dtype) if need_db else None, None
 
 
 _eager.register_autograd("block_conv_fwd", _bc_backward, _bc_setup)
@@ -193,7 +192,7 @@ def block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tens
     if _torch_cpu(x, algo):
         cb.check_block(x, table.gather, weight, bias)
         return _torch_block_conv(x, table, weight, bias)
-    return _eager.call("block_conv_fwd", _autocast(x), table.gather, weight, bias, bool(table.holes), algo == "fused")
+    return _eager.call("block_conv_fwd", _autocast(x), table.gather, weight, bias, algo == "fused")
 
 
 def _torch_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tensor]) -> Tensor:

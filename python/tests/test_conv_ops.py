@@ -135,12 +135,11 @@ def test_opcheck():
     ops = torch.ops.greenmim
     torch.library.opcheck(ops.depthwise_conv3x3_fwd.default, (x, nt.nbr, w, b, True))
     torch.library.opcheck(ops.depthwise_conv3x3_fwd.default, (x, nt.nbr, w, None, False))
-    torch.library.opcheck(ops.block_conv_fwd.default, (x, bt.gather, wb, bb, bool(bt.holes), False))
+    torch.library.opcheck(ops.block_conv_fwd.default, (x, bt.gather, wb, bb, False))
     dy = torch.randn_like(x)
     torch.library.opcheck(ops.depthwise_conv3x3_bwd.default, (dy, x.detach(), nt.nbr, w.detach(), True, True, False))
     dyb = torch.randn(1, bt.num_outputs, 6)
-    torch.library.opcheck(ops.block_conv_bwd.default, (dyb, x.detach(), bt.gather, wb.detach(), True, True,
-                                                       bool(bt.holes), False))
+    torch.library.opcheck(ops.block_conv_bwd.default, (dyb, x.detach(), bt.gather, wb.detach(), True, True, False))
 
 
 @pytest.mark.parametrize("kernels", [False, True])
@@ -149,12 +148,17 @@ def test_block_conv_gemm_path_equals_reference(holes, kernels):
     """The CUDA default (the blocks' rows gathered, torch GEMMs, dx scattered back:
     _conv_backend._block_*_gemm) against the Eigen reference: forward, dx, dweight, dbias; shared
     and per-sample masks, strided rows, masks aligned to the blocks (no holes) or not. `kernels`:
-    the gather and scatter on the library's row copies (the emulator, float32), else torch's
-    (float64)."""
+    the gather and scatter on the library's row copies (the emulator, float32, inside a bf16
+    autocast region), else torch's (float64)."""
     import contextlib
     from greenmim import _conv_backend as cb
     g = torch.Generator().manual_seed(11)
-    dt, ctx = (torch.float32, greenmim.emulate_cuda) if kernels else (D, contextlib.nullcontext)
+    @contextlib.contextmanager
+    def emulated_under_autocast():   # an autocast region of another dtype must not leak into the GEMMs
+        with greenmim.emulate_cuda(), torch.autocast("cpu", dtype=torch.bfloat16):
+            yield
+
+    dt, ctx = (torch.float32, emulated_under_autocast) if kernels else (D, contextlib.nullcontext)
     for batch in (None, 3):
         for s in (2, 4):
             mask = stage_mask(16 if holes else 28, batch, holes, g, keep=0.4)   # 28: 4 x 4-token units
@@ -171,11 +175,11 @@ def test_block_conv_gemm_path_equals_reference(holes, kernels):
             tol = {} if dt == D else dict(rtol=1e-4, atol=1e-4)
             with ctx():
                 got = torch.empty(want.shape, dtype=dt)
-                cb._block_fwd_gemm(rows.to(dt), bt.gather, w.to(dt), b.to(dt), bool(bt.holes), got)
+                cb._block_fwd_gemm(rows.to(dt), bt.gather, w.to(dt), b.to(dt), got)
                 dx = torch.full(rows.shape, float("nan"), dtype=dt)             # every element must be written
                 gd = cb.grad_dtype(dx)
                 dw, db = torch.full(w.shape, float("nan"), dtype=gd), torch.full(b.shape, float("nan"), dtype=gd)
-                cb._block_bwd_gemm(dy.to(dt), rows.to(dt), bt.gather, w, bool(bt.holes), dx, dw, db)
+                cb._block_bwd_gemm(dy.to(dt), rows.to(dt), bt.gather, w, dx, dw, db)
             torch.testing.assert_close(got.double(), want.detach(), **tol)
             for a, e in zip((dx, dw, db), want_g):
                 torch.testing.assert_close(a.double(), e, **tol)
