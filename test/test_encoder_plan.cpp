@@ -174,6 +174,39 @@ TEST_CASE("encoder plan equals the general builders (random masks, geometries, c
   }
 }
 
+// The arena's partitions are written as blocks of 8 or 16 entries that may pass a run's end
+// (overwritten later), entry by entry near each array's end, and one entry at a time for windows
+// above 16 (encoder_plan.hpp, row_partitioner::write): large batches put many groups and rows on
+// the block path and windows of every size class on theirs.
+TEST_CASE("encoder plan: large per-sample batches and windows above 16 equal the general builders") {
+  std::mt19937_64 rng(20261126);
+  struct geo_case {
+    encoder_geometry geo;
+    index_t units, M;
+  };
+  const geo_case cases[] = {
+      {{56, 7, 4, 128}, 7, 128},  // Swin-B 224, the benchmark's batch
+      {{56, 7, 4, 32}, 7, 61},
+      {{48, 6, 4, 32}, 6, 40},    // SimMIM 192 / window 6
+      {{64, 12, 4, 32}, 8, 37},   // window 12: blocks of 16
+      {{64, 20, 3, 32}, 16, 23},  // window 20: entry by entry
+      {{56, 28, 3, 32}, 7, 17},   // window 28
+  };
+  for (const geo_case& c : cases) {
+    for (int rep = 0; rep < 3; ++rep) {
+      const mask_batch m = random_units(rng, c.M, c.units, false);
+      encoder_plan_options opt;
+      if (rep == 1) opt.max_group_size = c.geo.window * c.geo.window;
+      if (rep == 2) opt.window_area_groups = true;
+      CAPTURE(c.geo.grid);
+      CAPTURE(c.geo.window);
+      CAPTURE(c.M);
+      CAPTURE(rep);
+      check_against_general_builders(m, true, c.geo, opt);
+    }
+  }
+}
+
 TEST_CASE("encoder plan: two phases, reuse, refusals leave the output alone") {
   std::mt19937_64 rng(7);
   encoder_planner ep;

@@ -100,29 +100,23 @@ inline void store_iota(index_t* out, index_t first) {  // out[k] = first + k
 #endif
 }
 template <int B>
-inline void store_iota_first(index_t* out, index_t first, index_t n) {  // out[k] = first + k for k < n only
-#ifdef GREENMIM_SSE2
-  const __m128i nv = _mm_set1_epi32(n);
-  __m128i lane = _mm_setr_epi32(0, 1, 2, 3);
-  const __m128i base = _mm_set1_epi32(first);
-  for (int k = 0; k < B; k += 4) {
-    __m128i* p = reinterpret_cast<__m128i*>(out + k);
-    const __m128i keep = _mm_cmplt_epi32(lane, nv);
-    const __m128i v = _mm_add_epi32(base, lane);
-    _mm_storeu_si128(p, _mm_or_si128(_mm_and_si128(keep, v), _mm_andnot_si128(keep, _mm_loadu_si128(p))));
-    lane = _mm_add_epi32(lane, _mm_set1_epi32(4));
-  }
-#else
-  for (index_t k = 0; k < n; ++k) out[k] = first + k;
-#endif
-}
-template <int B>
 inline void store_fill(index_t* out, index_t value) {
 #ifdef GREENMIM_SSE2
   const __m128i v = _mm_set1_epi32(value);
   for (int k = 0; k < B; k += 4) _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), v);
 #else
   for (int k = 0; k < B; ++k) out[k] = value;
+#endif
+}
+template <int B>
+inline void store_add(index_t* out, index_t value, const index_t* in) {  // out[k] = value + in[k]
+#ifdef GREENMIM_SSE2
+  const __m128i v = _mm_set1_epi32(value);
+  for (int k = 0; k < B; k += 4)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k),
+                     _mm_add_epi32(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + k))));
+#else
+  for (int k = 0; k < B; ++k) out[k] = value + in[k];
 #endif
 }
 template <int B>
@@ -268,7 +262,7 @@ struct token_rows {
 //! mask row: one pattern per sample); a band's tokens in window column wc are a block, the same
 //! run of its pattern on each row (pattern positions seg_[q][wc] .. seg_[q][wc+1], consecutive
 //! token ids on a row). `build` sums block sizes into window sizes and plans; `write` walks each
-//! group's windows band by band and writes whole runs.
+//! group's windows row by row (slot order), then each row's runs (token order).
 class row_partitioner {
  public:
   status build(const window_geometry& g, const token_rows& tr, planner<flops_cost>& pl,
@@ -305,6 +299,26 @@ class row_partitioner {
         sg[wc + 1] = tr.pat_start[q] + k;
       }
     }
+    run_start_.resize(static_cast<size_t>(tr.num_patterns) + 1);
+    run_col_.clear();
+    run_len_.clear();
+    for (index_t q = 0; q < tr.num_patterns; ++q) {
+      run_start_[static_cast<size_t>(q)] = static_cast<index_t>(run_col_.size());
+      const index_t* sg = seg_.data() + static_cast<size_t>(q) * static_cast<size_t>(stride);
+      for (index_t wc = 0; wc < nww_; ++wc)
+        if (sg[wc + 1] > sg[wc]) {
+          run_col_.push_back(wc);
+          run_len_.push_back(sg[wc + 1] - sg[wc]);
+        }
+    }
+    run_start_.back() = static_cast<index_t>(run_col_.size());
+    win_row_.resize(static_cast<size_t>(nwps_));
+    for (index_t j = 0; j < nwps_; ++j) win_row_[static_cast<size_t>(j)] = j / nww_;
+    win_h_.resize(static_cast<size_t>(g.windows_h()) + 1);
+    for (index_t wr = 0; wr <= g.windows_h(); ++wr) win_h_[static_cast<size_t>(wr)] = std::min(H_, std::max(index_t{0}, wr * p_ - off_));
+    h_win_.resize(static_cast<size_t>(H_));
+    for (index_t h = 0; h < H_; ++h) h_win_[static_cast<size_t>(h)] = (h + off_) / p_ * nww_;
+    win_slot_.resize(static_cast<size_t>(nw));
     sizes.assign(static_cast<size_t>(nw), 0);
     win_b_.resize(static_cast<size_t>(nw));
     for (index_t b = 0; b < tr.M; ++b) {
@@ -313,7 +327,7 @@ class row_partitioner {
         const index_t h = band_[i], rows = band_[i + 1] - h;
         const index_t* sg = seg_.data() + static_cast<size_t>(tr.row_pat[b * H_ + h]) * static_cast<size_t>(stride);
         if (sg[nww_] == sg[0]) continue;
-        index_t* sz = sizes.data() + static_cast<size_t>(b) * nwps_ + static_cast<size_t>((h + off_) / p_) * nww_;
+        index_t* sz = sizes.data() + static_cast<size_t>(b) * nwps_ + static_cast<size_t>(h_win_[static_cast<size_t>(h)]);
         for (index_t wc = 0; wc < nww_; ++wc) sz[wc] += rows * (sg[wc + 1] - sg[wc]);
       }
     }
@@ -323,74 +337,174 @@ class row_partitioner {
   std::int64_t slots() const { return static_cast<std::int64_t>(groups_.num_groups()) * groups_.group_size; }
 
   //! window_partitioner::write's arrays: group g's windows in plan order, each window's tokens
-  //! ascending (its rows top to bottom, a row's run left to right), padding at the end. A run is
-  //! at most p tokens: with p <= 16 its gather, slot_window and slot_coord entries are written as
-  //! a fixed block of 8 or 16 (vector stores, no data-dependent branch: entries past the run are
-  //! overwritten by the next run or the group's padding), its scatter entries as a masked block
-  //! (the entries past the run keep their value: other windows' tokens, written before or after).
-  //! Blocks that could pass the end of an array go one entry at a time.
+  //! ascending (its rows top to bottom, a row's run left to right), padding at the end. Two
+  //! passes, each writing forward and never reading the arena: in slot order, every row of every
+  //! window of a group (a row's run is its pattern's entries in the window's columns, possibly
+  //! none; the loop counts are the geometry's, not the mask's) writes gather, slot_window and
+  //! slot_coord, recording each window's first slot; then scatter in token order, row by row, each
+  //! of the row's pattern's non-empty runs continuing its window's slots. A run is at most p
+  //! tokens: with p <= 16 it is written as a fixed block of 8 or 16 (vector stores, no
+  //! data-dependent branch); entries past the run are overwritten by the next run or the group's
+  //! padding (slot order) or by the next run (token order). Groups and rows whose blocks could
+  //! pass the end of an array go entry by entry. (Before 2026-11-26 one slot-order pass wrote
+  //! scatter too, as masked read-modify-write blocks: the whole arena of Swin-B for 128 masks took
+  //! 1.14 ms to write against 0.76 ms now, this 2-core VM.)
   void write(const token_rows& tr, const encoder_partition& o, index_t* arena) const {
-    index_t* gather = arena + o.gather.offset;
-    index_t* scatter = arena + o.scatter.offset;
-    index_t* slot_window = arena + o.slot_window.offset;
-    index_t* slot_coord = arena + o.slot_coord.offset;
-    const index_t stride = nww_ + 1, G = o.group_size;
-    const index_t block = p_ <= 8 ? 8 : p_ <= 16 ? 16 : 0;  // 0: runs go one by one
-    const std::int64_t limit = static_cast<std::int64_t>(o.num_groups) * G - block;
-    const std::int64_t last = static_cast<std::int64_t>(tr.row_start[static_cast<size_t>(tr.M) * H_]) - block;
-    for (index_t gi = 0; gi < o.num_groups; ++gi) {
-      const index_t first = gi * G, end = first + G;
-      index_t slot = first;
-      for (index_t w : groups_.group(gi)) {
-        const index_t b = win_b_[static_cast<size_t>(w)], j = w - b * nwps_, wr = j / nww_, wc = j - wr * nww_;
-        const index_t* rb = tr.row_base + static_cast<size_t>(b) * H_;
-        const index_t* rp = tr.row_pat + static_cast<size_t>(b) * H_;
-        for (index_t i = band_first_[static_cast<size_t>(wr)]; i < band_first_[static_cast<size_t>(wr) + 1]; ++i) {
-          const index_t h0 = band_[static_cast<size_t>(i)], h1 = band_[static_cast<size_t>(i) + 1];
-          const index_t* sg = seg_.data() + static_cast<size_t>(rp[h0]) * static_cast<size_t>(stride) + wc;
-          const index_t a = sg[0], n = sg[1] - a;
-          if (n == 0) continue;
-          const index_t* cols = tr.pat_cols + a;
-          for (index_t h = h0; h < h1; ++h) {
-            const index_t t0 = rb[h] + a, hb = pack_coord(h, 0);
-            if (block == 8 && slot <= limit && t0 <= last) {
-              put_run<8>(gather + slot, slot_window + slot, slot_coord + slot, t0, w, hb, cols);
-              store_iota_first<8>(scatter + t0, slot, n);
-            } else if (block == 16 && slot <= limit && t0 <= last) {
-              put_run<16>(gather + slot, slot_window + slot, slot_coord + slot, t0, w, hb, cols);
-              store_iota_first<16>(scatter + t0, slot, n);
-            } else {
-              for (index_t k = 0; k < n; ++k) {
-                gather[slot + k] = t0 + k;
-                scatter[t0 + k] = slot + k;
-                slot_window[slot + k] = w;
-                slot_coord[slot + k] = hb | cols[k];
-              }
-            }
-            slot += n;
-          }
-        }
-      }
-      std::fill(gather + slot, gather + end, pad_index);
-      std::fill(slot_window + slot, slot_window + end, pad_index);
-      std::fill(slot_coord + slot, slot_coord + end, index_t{0});
-    }
+    if (p_ <= 8) write_blocks<8>(tr, o, arena);
+    else if (p_ <= 16) write_blocks<16>(tr, o, arena);
+    else write_blocks<0>(tr, o, arena);
   }
 
  private:
-  //! B entries of a run starting at token t0 of window w, row bits hb, columns `cols`.
+  //! The tables write reads, as plain pointers: the vector stores may alias anything, so members
+  //! would be reloaded after each one.
+  struct tables {
+    index_t* gather;
+    index_t* scatter;
+    index_t* slot_window;
+    index_t* slot_coord;
+    index_t H, nww, nwps, stride, G;
+    const index_t* seg;
+    const index_t* win_b;
+    const index_t* win_row;
+    const index_t* win_h;
+    const index_t* h_win;
+    const index_t* row_pat;
+    const index_t* row_base;
+    const index_t* row_start;
+    const index_t* pat_cols;
+    const index_t* group_windows;
+    const index_t* group_offsets;
+    index_t* win_slot;
+    const index_t* run_start;
+    const index_t* run_col;
+    const index_t* run_len;
+  };
+
+  //! Group gi in slot order (gather, slot_window, slot_coord; each window's first slot in
+  //! win_slot). Fast: runs and padding as blocks of B, which may pass the group's end by up to B
+  //! entries (the caller keeps them inside the arrays); otherwise entry by entry.
+  template <int B, bool Fast>
+  static void write_group(const tables& t, index_t gi) {
+    const index_t end = (gi + 1) * t.G;
+    index_t slot = gi * t.G;
+    for (index_t e = t.group_offsets[gi], e1 = t.group_offsets[gi + 1]; e < e1; ++e) {
+      const index_t w = t.group_windows[e];
+      const index_t b = t.win_b[w], j = w - b * t.nwps;
+      const index_t wr = t.win_row[j], wc = j - wr * t.nww;
+      const index_t* const rp = t.row_pat + static_cast<size_t>(b) * t.H;
+      const index_t* const rb = t.row_base + static_cast<size_t>(b) * t.H;
+      t.win_slot[w] = slot;
+      for (index_t h = t.win_h[wr], h1 = t.win_h[wr + 1]; h < h1; ++h) {
+        const index_t* sg = t.seg + static_cast<size_t>(rp[h]) * static_cast<size_t>(t.stride) + wc;
+        const index_t a = sg[0], n = sg[1] - a;
+        const index_t t0 = rb[h] + a, hb = pack_coord(h, 0);
+        const index_t* cols = t.pat_cols + a;
+        if (Fast) {
+          store_iota<B>(t.gather + slot, t0);
+          store_fill<B>(t.slot_window + slot, w);
+          store_or<B>(t.slot_coord + slot, hb, cols);
+        } else {
+          for (index_t k = 0; k < n; ++k) {
+            t.gather[slot + k] = t0 + k;
+            t.slot_window[slot + k] = w;
+            t.slot_coord[slot + k] = hb | cols[k];
+          }
+        }
+        slot += n;
+      }
+    }
+    if (Fast) {
+      for (; slot < end; slot += B) {
+        store_fill<B>(t.gather + slot, pad_index);
+        store_fill<B>(t.slot_window + slot, pad_index);
+        store_fill<B>(t.slot_coord + slot, 0);
+      }
+    } else {
+      std::fill(t.gather + slot, t.gather + end, pad_index);
+      std::fill(t.slot_window + slot, t.slot_window + end, pad_index);
+      std::fill(t.slot_coord + slot, t.slot_coord + end, index_t{0});
+    }
+  }
+
+  //! Row r's scatter entries (token order): its pattern's run in each window column continues
+  //! that window's slots (cursor: the row's window row's next slots). Fast: runs as blocks of B,
+  //! up to B entries past the row.
+  template <int B, bool Fast>
+  static void write_scatter_row(const tables& t, size_t r, index_t h, index_t* cursor) {
+    const index_t q = t.row_pat[r];
+    index_t at = t.row_start[r];
+    index_t* cur = cursor + t.h_win[h];
+    for (index_t e = t.run_start[q], e1 = t.run_start[q + 1]; e < e1; ++e) {
+      const index_t wc = t.run_col[e], n = t.run_len[e], s0 = cur[wc];
+      cur[wc] = s0 + n;
+      if (Fast) {
+        store_iota<B>(t.scatter + at, s0);
+      } else {
+        for (index_t k = 0; k < n; ++k) t.scatter[at + k] = s0 + k;
+      }
+      at += n;
+    }
+  }
+
   template <int B>
-  static void put_run(index_t* gather, index_t* slot_window, index_t* slot_coord, index_t t0, index_t w, index_t hb,
-                      const index_t* cols) {
-    store_iota<B>(gather, t0);
-    store_fill<B>(slot_window, w);
-    store_or<B>(slot_coord, hb, cols);
+  void write_blocks(const token_rows& tr, const encoder_partition& o, index_t* arena) const {
+    tables t;
+    t.gather = arena + o.gather.offset;
+    t.scatter = arena + o.scatter.offset;
+    t.slot_window = arena + o.slot_window.offset;
+    t.slot_coord = arena + o.slot_coord.offset;
+    t.H = H_;
+    t.nww = nww_;
+    t.nwps = nwps_;
+    t.stride = nww_ + 1;
+    t.G = o.group_size;
+    t.seg = seg_.data();
+    t.win_b = win_b_.data();
+    t.win_row = win_row_.data();
+    t.win_h = win_h_.data();
+    t.h_win = h_win_.data();
+    t.row_pat = tr.row_pat;
+    t.row_base = tr.row_base;
+    t.row_start = tr.row_start;
+    t.pat_cols = tr.pat_cols;
+    t.group_windows = groups_.windows.data();
+    t.group_offsets = groups_.group_offsets.data();
+    t.win_slot = win_slot_.data();
+    t.run_start = run_start_.data();
+    t.run_col = run_col_.data();
+    t.run_len = run_len_.data();
+    // groups whose blocks stay inside the arrays go the fast way, the last few entry by entry
+    const index_t ng = o.num_groups;
+    const std::int64_t total = static_cast<std::int64_t>(ng) * t.G;
+    index_t gi = 0;
+    if (B > 0)
+      for (; gi < ng && static_cast<std::int64_t>(gi + 1) * t.G + B <= total; ++gi) write_group<B, true>(t, gi);
+    for (; gi < ng; ++gi) write_group<B, false>(t, gi);
+    // scatter, in token order, sample by sample: each window's cursor starts at its first slot
+    const index_t M = tr.M, H = t.H;
+    const index_t last = tr.row_start[static_cast<size_t>(M) * H] - B;  // rows ending by here: fast
+    for (index_t b = 0; b < M; ++b) {
+      index_t* const cursor = t.win_slot + static_cast<size_t>(b) * t.nwps;
+      for (index_t h = 0; h < H; ++h) {
+        const size_t r = static_cast<size_t>(b) * H + h;
+        if (B > 0 && t.row_start[r + 1] <= last) write_scatter_row<B, true>(t, r, h, cursor);
+        else write_scatter_row<B, false>(t, r, h, cursor);
+      }
+    }
   }
 
   index_t H_ = 0, p_ = 1, off_ = 0, nww_ = 1, nwps_ = 1;
   std::vector<index_t> band_, band_first_;  //!< bands of rows, by window row
   std::vector<index_t> seg_;                //!< per pattern and window column: index in pat_cols
   std::vector<index_t> win_b_;              //!< sample of each window
+  std::vector<index_t> win_row_;            //!< window row of each window of a sample
+  std::vector<index_t> h_win_;              //!< per token row: its window row's first window (wr * nww)
+  //! per pattern q: its non-empty window columns, entries run_start_[q] .. run_start_[q+1] of
+  //! run_col_ (the column) and run_len_ (its tokens on one row)
+  std::vector<index_t> run_start_, run_col_, run_len_;
+  std::vector<index_t> win_h_;              //!< window row wr covers token rows win_h_[wr] .. win_h_[wr+1]
+  mutable std::vector<index_t> win_slot_;   //!< write's scratch: each window's first (then next) slot
   greenmim::plan groups_;
 };
 
@@ -484,16 +598,7 @@ class encoder_planner {
       const encoder_stage& o = layout_.stages[s];
       const detail::token_rows tr = rows(x);
       for (int k = 0; k < (x.shared_shift ? 1 : 2); ++k) x.part[k].write(tr, o.part[k], arena);
-      index_t* p = arena + o.position.offset;
-      for (index_t b = 0; b < M_; ++b) {
-        const index_t base = per_sample_ ? b * o.height * o.width : 0;
-        for (index_t h = 0; h < o.height; ++h) {
-          const index_t r = b * o.height + h, t0 = x.row_start[static_cast<size_t>(r)];
-          const index_t* c = x.pat_cols.data() + x.pat_start[static_cast<size_t>(x.row_pat[static_cast<size_t>(r)])];
-          const index_t L = x.row_start[static_cast<size_t>(r) + 1] - t0, v = base + h * o.width;
-          for (index_t i = 0; i < L; ++i) p[t0 + i] = v + c[i];
-        }
-      }
+      write_positions(x, o, arena + o.position.offset);
       if (per_sample_) copy(x.cu, arena + o.cu_seqlens.offset);
       if (o.merge.size) {
         if (x.block_merge) write_block_merge(o.height, x, st_[s + 1], arena + o.merge.offset);
@@ -674,6 +779,30 @@ class encoder_planner {
     return status::success;
   }
 
+  //! Each token's flat position (stage x), row by row: the row's offset plus its pattern's columns,
+  //! in blocks of 8 that may pass the row's end (the next row overwrites them) except near the
+  //! array's end.
+  void write_positions(const stage_state& x, const encoder_stage& o, index_t* p) const {
+    const index_t* const row_start = x.row_start.data();
+    const index_t* const row_pat = x.row_pat.data();
+    const index_t* const pat_start = x.pat_start.data();
+    const index_t* const pat_cols = x.pat_cols.data();
+    const index_t H = o.height, last = row_start[static_cast<size_t>(M_) * H] - 8;
+    for (index_t b = 0; b < M_; ++b) {
+      const index_t base = per_sample_ ? b * H * o.width : 0;
+      for (index_t h = 0; h < H; ++h) {
+        const size_t r = static_cast<size_t>(b) * H + h;
+        const index_t t0 = row_start[r], L = row_start[r + 1] - t0, v = base + h * o.width;
+        const index_t* c = pat_cols + pat_start[static_cast<size_t>(row_pat[r])];
+        if (row_start[r + 1] <= last) {
+          for (index_t i = 0; i < L; i += 8) detail::store_add<8>(p + t0 + i, v, c + i);  // c: readable 16 past
+        } else {
+          for (index_t i = 0; i < L; ++i) p[t0 + i] = v + c[i];
+        }
+      }
+    }
+  }
+
   //! merge's indices when mask cells cover whole 2x2 blocks: the stage-(s+1) token at position i
   //! of row h' covers columns 2i, 2i+1 of stage-s rows 2h' and 2h' + 1 (their patterns are its
   //! pattern with every column doubled).
@@ -685,23 +814,44 @@ class encoder_planner {
         const index_t u0 = y.row_start[ry], L = y.row_start[ry + 1] - u0;
         const index_t a = x.row_start[rx], c = x.row_start[rx + 1];
         index_t* o = g4 + 4 * static_cast<std::int64_t>(u0);
+#ifdef GREENMIM_SSE2
+        __m128i v = _mm_setr_epi32(a, c, a + 1, c + 1);
+        for (index_t i = 0; i < L; ++i) {
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 4 * i), v);
+          v = _mm_add_epi32(v, _mm_set1_epi32(2));
+        }
+#else
         for (index_t i = 0; i < L; ++i) {
           o[4 * i] = a + 2 * i;
           o[4 * i + 1] = c + 2 * i;
           o[4 * i + 2] = a + 2 * i + 1;
           o[4 * i + 3] = c + 2 * i + 1;
         }
+#endif
       }
   }
 
   void write_unit_ranks(index_t s, index_t* p) const {
     const index_t H = grid_ >> s, fh = grid_ / mh_, fw = grid_ / mw_;
+    cells_.resize(2 * static_cast<size_t>(H));  // each row's and column's mask cell (no division per entry)
+    index_t* const mrow = cells_.data();
+    index_t* const mcol = mrow + H;
+    for (index_t i = 0; i < H; ++i) {
+      mrow[i] = ((i << s) / fh) * mw_;
+      mcol[i] = (i << s) / fw;
+    }
     for (index_t b = 0; b < M_; ++b) {
       const std::uint8_t* m = mask_ + static_cast<std::int64_t>(b) * mh_ * mw_;
       index_t vis = 0, hid = 0;
-      for (index_t h = 0; h < H; ++h)
-        for (index_t w = 0; w < H; ++w)
-          *p++ = m[static_cast<std::int64_t>((h << s) / fh) * mw_ + (w << s) / fw] ? vis++ : -1 - hid++;
+      for (index_t h = 0; h < H; ++h) {
+        const std::uint8_t* row = m + mrow[h];
+        for (index_t w = 0; w < H; ++w) {
+          const index_t on = row[mcol[w]] != 0;
+          *p++ = on ? vis : -1 - hid;
+          vis += on;
+          hid += 1 - on;
+        }
+      }
     }
   }
 
@@ -713,6 +863,7 @@ class encoder_planner {
   std::vector<stage_state> st_;
   std::vector<planner<flops_cost>> planners_;
   std::vector<index_t> runs_, index_of_, pattern_of_bits_, mask_row_pat_;
+  mutable std::vector<index_t> cells_;  //!< write_unit_ranks' scratch
   detail::window_partitioner::scratch scratch_;
 };
 
