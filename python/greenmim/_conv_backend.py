@@ -264,17 +264,13 @@ def _block_bwd_gemm(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, dx: T
     with _no_autocast(x):
         dy2 = dy.to(x.dtype).reshape(B * Nn, Co)
         da = torch.mm(dy2, _w_prime(weight, x.dtype)).view(B, Nn * s * s, C)
-        idx = gather.reshape(-1)
         if uses_kernels(x):             # every row of dx written: its slot's row of dA, or zeros
             _copy_rows("gm_unpartition_tokens", dx, da, _scatter_of(gather, N), s * s)
-        elif _holes(gather):            # -1 entries: their rows of dA dropped (added as zeros to token 0)
+        else:                           # torch (CPU): dA's rows added to zeros; -1 entries' rows dropped
+            idx = gather.reshape(-1)
             valid = idx >= 0
             dx.zero_().index_add_(1, torch.where(valid, idx, torch.zeros_like(idx)),
                                   da * valid.view(1, -1, 1).to(da.dtype))
-        elif Nn * s * s == N:           # every token in exactly one block: a permutation, each row written once
-            dx.index_copy_(1, idx.long(), da)
-        else:
-            dx.zero_().index_copy_(1, idx.long(), da)
         if dw is not None:
             dw.copy_(_mm_float32(dy2.t(), _gathered(x, gather)).view(Co, s, s, C).permute(0, 3, 1, 2))
         if db is not None:

@@ -185,6 +185,20 @@ def test_block_conv_gemm_path_equals_reference(holes, kernels):
                 torch.testing.assert_close(a.double(), e, **tol)
 
 
+def test_block_conv_row_copy_refuses_mismatched_dtypes():
+    """The gather + GEMM path's row copies move bytes: tokens and slots of different dtypes are
+    refused (a bf16 dA copied into a float32 dx would be garbage), and nothing is written."""
+    from greenmim import _conv_backend as cb
+    mask = stage_mask(8, None, True, torch.Generator().manual_seed(12), keep=0.5)
+    bt = greenmim.block_table(mask, 2, cache=False)
+    x = torch.randn(1, bt.num_inputs, 8)
+    slots = torch.full((1, bt.gather.numel(), 8), 7.0, dtype=torch.bfloat16)
+    with greenmim.emulate_cuda():
+        with pytest.raises(GreenmimError, match="row copy between torch.float32 and torch.bfloat16"):
+            cb._copy_rows("gm_partition_tokens", x, slots, bt.gather, 4)
+    assert bool((slots == 7).all())
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 def test_emulated_cuda_path_equals_cpu(dtype, tol):
     g = torch.Generator().manual_seed(6)
