@@ -44,11 +44,9 @@ __global__ void __launch_bounds__(k_tc_threads) gather_gemm_async(const Op op, c
   GM_DYNAMIC_SMEM(smem);  // gather_gemm_async_smem<Op>() bytes: per stage, A's tile then B's
   uint4* const ring = reinterpret_cast<uint4*>(smem);
 
-  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;  // the warp's 32 x 32 outputs in the tile
-  const int m0 = static_cast<int>(blockIdx.y) * k_tc_bm, n0 = static_cast<int>(blockIdx.x) * k_tc_bn;
-  const int k_begin = static_cast<int>(blockIdx.z) * k_per;
-  const int k_end = op.K - k_begin > k_per ? k_begin + k_per : op.K;
+  const tc_cta c(op.K, k_per);
+  const int tid = c.tid, lane = c.lane, wm = c.wm, wn = c.wn, m0 = c.m0, n0 = c.n0, k_begin = c.k_begin,
+            k_end = c.k_end;
   const int steps = k_begin < k_end ? (k_end - k_begin + k_tc_bk - 1) / k_tc_bk : 0;
 
   // This thread's chunks: A's j-th at row i / chunks_per_row, column (i % chunks_per_row) * 8 of
@@ -86,10 +84,7 @@ __global__ void __launch_bounds__(k_tc_threads) gather_gemm_async(const Op op, c
   };
 
   float acc[2][4][4];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+  tc_zero(acc);
 
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {

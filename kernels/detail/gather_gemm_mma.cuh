@@ -90,6 +90,31 @@ constexpr std::size_t gather_gemm_mma_smem() {
   return (tc_tile<Op::layout::a_kmajor>::words + tc_tile<Op::layout::b_kmajor>::words) * sizeof(uint4);
 }
 
+//! A CTA's place in the product: its thread and warp, the warp's 32 x 32 outputs (rows wm.., columns
+//! wn.. of the tile), the tile's first output (m0, n0), and its split's reduction [k_begin, k_end).
+struct tc_cta {
+  int tid, lane, wm, wn, m0, n0, k_begin, k_end;
+  __device__ __forceinline__ tc_cta(int K, int k_per) {
+    tid = static_cast<int>(threadIdx.x);
+    lane = tid & 31;
+    const int warp = tid >> 5;
+    wm = (warp >> 1) * 32;
+    wn = (warp & 1) * 32;
+    m0 = static_cast<int>(blockIdx.y) * k_tc_bm;
+    n0 = static_cast<int>(blockIdx.x) * k_tc_bn;
+    k_begin = static_cast<int>(blockIdx.z) * k_per;
+    k_end = K - k_begin > k_per ? k_begin + k_per : K;
+  }
+};
+
+//! The warp's accumulators, zeroed.
+__device__ __forceinline__ void tc_zero(float (&acc)[2][4][4]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+}
+
 //! The warp's 32 x 32 outputs (rows wm.., columns wn.. of the CTA's tile) += one staged step:
 //! A's tile at `as` and B's at `bs` (tc_tile layouts), k_tc_bk deep.
 template <class Op>
@@ -157,11 +182,9 @@ __global__ void __launch_bounds__(k_tc_threads) gather_gemm_mma(const Op op, con
   T* const as = reinterpret_cast<T*>(a_smem);
   T* const bs = reinterpret_cast<T*>(b_smem);
 
-  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;  // the warp's 32 x 32 outputs in the tile
-  const int m0 = static_cast<int>(blockIdx.y) * k_tc_bm, n0 = static_cast<int>(blockIdx.x) * k_tc_bn;
-  const int k_begin = static_cast<int>(blockIdx.z) * k_per;
-  const int k_end = op.K - k_begin > k_per ? k_begin + k_per : op.K;
+  const tc_cta c(op.K, k_per);
+  const int tid = c.tid, lane = c.lane, wm = c.wm, wn = c.wn, m0 = c.m0, n0 = c.n0, k_begin = c.k_begin,
+            k_end = c.k_end;
 
   uint4 ra[TA::per_thread], rb[TB::per_thread];
   // the operands' chunks of step k0 into registers
@@ -179,10 +202,7 @@ __global__ void __launch_bounds__(k_tc_threads) gather_gemm_mma(const Op op, con
   };
 
   float acc[2][4][4];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+  tc_zero(acc);
 
   if (k_begin < k_end) fetch(k_begin);
   for (int k0 = k_begin; k0 < k_end; k0 += k_tc_bk) {
