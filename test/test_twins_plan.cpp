@@ -1,7 +1,8 @@
 // The one-call Twins plan (twins_plan.hpp) against the general builders and brute force: each
-// stage's tokens (spconv's rule: a block with a visible token is a token of the next stage), the
-// LSA partition, the PEG neighbour table, the GSA and patch-embedding block tables, the padded
-// GSA layout and the unit ranks; random unit and per-patch masks, shared and per sample.
+// stage's tokens (spconv's rule: a block with a visible token is a token of the next stage) in
+// block-major order, the LSA partition, the PEG neighbour table, the GSA and patch-embedding
+// block tables (and whether each is a reshape of its input), the padded GSA layout and the unit
+// ranks; random unit and per-patch masks, shared and per sample.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -27,6 +28,60 @@ std::vector<std::uint8_t> random_cells(std::mt19937& g, index_t M, index_t side,
   std::vector<std::uint8_t> m(static_cast<size_t>(M) * side * side);
   for (auto& v : m) v = d(g) ? 1 : 0;
   return m;
+}
+
+// Brute force: the rank of (i, j) in an f x f cell visited quadrant by quadrant (Z order).
+index_t z_rank(index_t i, index_t j, index_t f) {
+  index_t r = 0;
+  for (index_t half = f / 2; half >= 1; half /= 2) {
+    r = r * 4 + (i >= half ? 2 : 0) + (j >= half ? 1 : 0);
+    i %= half;
+    j %= half;
+  }
+  return r;
+}
+
+// The block-major key of cell (h, w) of a side x side grid with f x f coarse cells.
+std::int64_t block_major_key(index_t c, index_t side, index_t f) {
+  const index_t h = coord_h(c), w = coord_w(c);
+  return (static_cast<std::int64_t>(h / f) * (side / f) + w / f) * f * f + z_rank(h % f, w % f, f);
+}
+
+// The permutation that sorts each sample's range [cu[b], cu[b+1]) of `coords` by block-major key.
+std::vector<index_t> block_major_perm(const std::vector<index_t>& cu, const std::vector<index_t>& coords, index_t side,
+                                      index_t f) {
+  std::vector<index_t> perm(coords.size());
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<index_t>(i);
+  for (size_t b = 0; b + 1 < cu.size(); ++b)
+    std::stable_sort(perm.begin() + cu[b], perm.begin() + cu[b + 1], [&](index_t x, index_t y) {
+      return block_major_key(coords[static_cast<size_t>(x)], side, f) < block_major_key(coords[static_cast<size_t>(y)], side, f);
+    });
+  return perm;
+}
+
+// A general builder's block table (outputs row-major) with its outputs in block-major order.
+void reorder_outputs(block_table& t, index_t side, index_t f) {
+  const std::vector<index_t> perm = block_major_perm(t.next_cu_seqlens, t.next_coords, side, f);
+  const index_t ss = t.positions();
+  std::vector<index_t> gather, coords;
+  for (index_t o : perm) {
+    gather.insert(gather.end(), t.gather.begin() + static_cast<std::int64_t>(o) * ss,
+                  t.gather.begin() + static_cast<std::int64_t>(o + 1) * ss);
+    coords.push_back(t.next_coords[static_cast<size_t>(o)]);
+  }
+  t.gather.swap(gather);
+  t.next_coords.swap(coords);
+}
+
+// Brute force: output n's tap (i, j) is input n*s*s + z_rank(i, j), every input used once.
+bool is_reshape(const block_table& t) {
+  const index_t s = t.stride;
+  if (t.num_outputs() * s * s != t.num_inputs) return false;
+  for (index_t n = 0; n < t.num_outputs(); ++n)
+    for (index_t i = 0; i < s; ++i)
+      for (index_t j = 0; j < s; ++j)
+        if (t.gather[static_cast<size_t>((n * s + i) * s + j)] != n * s * s + z_rank(i, j, s)) return false;
+  return true;
 }
 
 // Brute force: stage masks [M, H, H]; stage 0 is the mask upsampled to the grid, stage s+1 a
@@ -59,15 +114,20 @@ void check_plan(const std::vector<std::uint8_t>& mask, index_t M, index_t units,
   twins_plan p;
   REQUIRE(tp.run(span<const std::uint8_t>(mask), M, units, units, per_sample, geo, opt, p) == status::success);
   const auto sm = stage_masks(mask, M, units, geo.grid, geo.num_stages());
+  // mask units as large as the last stage's tokens: every block of every stage is whole
+  const bool whole = units == (geo.grid >> (geo.num_stages() - 1));
   REQUIRE(static_cast<index_t>(p.stages.size()) == geo.num_stages());
   std::int64_t covered = 0;
   for (index_t s = 0; s < geo.num_stages(); ++s) {
     CAPTURE(s);
     const twins_stage& st = p.stages[static_cast<size_t>(s)];
     const index_t H = geo.grid >> s;
-    std::vector<index_t> cu, coords;
-    REQUIRE(keep_mask_coords(span<const std::uint8_t>(sm[static_cast<size_t>(s)]), M, H, H, cu, coords) ==
+    std::vector<index_t> cu, row_major;
+    REQUIRE(keep_mask_coords(span<const std::uint8_t>(sm[static_cast<size_t>(s)]), M, H, H, cu, row_major) ==
             status::success);
+    const index_t f = index_t{1} << (geo.num_stages() - 1 - s);  // the last stage's cells, at this stage
+    std::vector<index_t> coords;  // block-major per sample
+    for (index_t t : block_major_perm(cu, row_major, H, f)) coords.push_back(row_major[static_cast<size_t>(t)]);
     const index_t N = static_cast<index_t>(coords.size());
     REQUIRE(st.num_tokens == N);
     const auto pos = slice(p.arena, st.position);
@@ -106,7 +166,11 @@ void check_plan(const std::vector<std::uint8_t>& mask, index_t M, index_t units,
       block_table kt;
       REQUIRE((per_sample ? build_block_table_per_sample(H, H, sr, cus, cs, kt, block_rule::any)
                           : build_block_table(H, H, sr, cs, kt, block_rule::any)) == status::success);
+      if (f % sr == 0) reorder_outputs(kt, H / sr, f / sr);  // sr a power of two here
       CHECK(slice(p.arena, st.keys) == kt.gather);
+      CHECK(st.key_reshape == is_reshape(kt));
+      CHECK(st.key_reshape == block_table_is_reshape(kt));
+      if (whole) CHECK(st.key_reshape);
       CHECK(st.key_holes == (std::count(kt.gather.begin(), kt.gather.end(), pad_index) > 0));
       key_cu = kt.next_cu_seqlens;
     } else {
@@ -145,7 +209,11 @@ void check_plan(const std::vector<std::uint8_t>& mask, index_t M, index_t units,
       block_table et;
       REQUIRE((per_sample ? build_block_table_per_sample(H, H, 2, cus, cs, et, block_rule::any)
                           : build_block_table(H, H, 2, cs, et, block_rule::any)) == status::success);
+      reorder_outputs(et, H / 2, f / 2);
       CHECK(slice(p.arena, st.embed) == et.gather);
+      CHECK(st.embed_reshape == is_reshape(et));
+      CHECK(st.embed_reshape == block_table_is_reshape(et));
+      if (whole) CHECK(st.embed_reshape);
       CHECK(st.unit_rank.size == 0);
     } else {
       const auto rank = slice(p.arena, st.unit_rank);
@@ -227,4 +295,34 @@ TEST_CASE("Twins plan: uniform per-sample batches need no padding; refusals; two
   arena.assign(static_cast<size_t>(tp.arena_size()), -9);
   REQUIRE(tp.write(arena.data()) == status::success);
   CHECK(arena == p.arena);
+}
+
+TEST_CASE("Block-major order: Morton ranks and the cell list are the Z order, every aligned block a run") {
+  for (index_t f : {1, 2, 4, 8, 16})
+    for (index_t i = 0; i < f; ++i)
+      for (index_t j = 0; j < f; ++j) CHECK(morton_rank(i, j) == z_rank(i, j, f));
+  for (index_t side : {1, 8, 24, 56}) {
+    for (index_t f = 1; f <= 8 && side % f == 0; f *= 2) {
+      CAPTURE(side);
+      CAPTURE(f);
+      std::vector<index_t> cells;
+      block_major_cells(side, f, cells);
+      REQUIRE(static_cast<index_t>(cells.size()) == side * side);
+      std::vector<char> seen(static_cast<size_t>(side) * side, 0);
+      for (size_t r = 0; r < cells.size(); ++r) {
+        REQUIRE(block_major_key(cells[r], side, f) == static_cast<std::int64_t>(r));  // sorted, no gap
+        REQUIRE(seen[static_cast<size_t>(coord_h(cells[r]) * side + coord_w(cells[r]))]++ == 0);
+      }
+      // every aligned k x k block (k | f) is the run [r0, r0 + k*k) in Morton order
+      for (index_t k = 1; k <= f; k *= 2)
+        for (size_t r0 = 0; r0 < cells.size(); r0 += static_cast<size_t>(k * k)) {
+          const index_t h0 = coord_h(cells[r0]), w0 = coord_w(cells[r0]);
+          REQUIRE(h0 % k == 0);
+          REQUIRE(w0 % k == 0);
+          for (index_t i = 0; i < k; ++i)
+            for (index_t j = 0; j < k; ++j)
+              REQUIRE(cells[r0 + static_cast<size_t>(morton_rank(i, j))] == pack_coord(h0 + i, w0 + j));
+        }
+    }
+  }
 }

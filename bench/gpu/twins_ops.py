@@ -7,11 +7,14 @@
                        conv at >= 70% of the copy's rate at stage 1), and the masked dense conv
                        in cuDNN (zero the masked cells, convolve the whole grid: ConvNeXt V2's
                        and SparK's choice, the peer to beat at 25-40% visible tokens)
-  block conv           greenmim.block_conv (GSA sub-sampling sr 8/4/2, patch embedding s 2;
-                       its default, a gather + cuBLAS, and algo="fused", the C ABI's fused
-                       gather-GEMM kernels) against the same GEMM in cuBLAS (torch.mm on the
-                       gathered [N_out, s*s*C_in] rows; target: >= 60% of its rate) and the
-                       dense cuDNN conv over the full grid (target: faster)
+  block conv           greenmim.block_conv (GSA sub-sampling sr 8/4/2, patch embedding s 2) on
+                       the plan's tables: its default, one GEMM over a view of the tokens (the
+                       plan's block-major order makes whole blocks runs of tokens), and two rows
+                       of the paths a table with partly visible blocks takes: "(gather +
+                       cuBLAS)", the rows gathered then cuBLAS, and "(fused kernels)", the C
+                       ABI's gather-GEMM kernels; against the same GEMM in cuBLAS (torch.mm on
+                       [N_out, s*s*C_in] rows; target: >= 60% of its rate) and the dense cuDNN
+                       conv over the full grid (target: faster)
 
 On CUDA each callable is captured in a CUDA graph and its replays timed with events (the GPU's
 time, as the trainer's --cuda_graphs runs them); --eager times each call alone, synchronized,
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import statistics
 import sys
 import time
@@ -156,6 +160,10 @@ def main(argv=None) -> int:
                 Wm = torch.randn(k * k * C, co, device=dev, dtype=dt, requires_grad=True)
                 gemm = run(lambda A: A @ Wm, A)
                 emit(op, s, keep, ours, "cuBLAS GEMM", gemm, tflops(ours[0]), tflops(gemm[0]), "TFLOP/s")
+                gathered = dataclasses.replace(table, reshape=False)     # the path of partly visible blocks
+                via_gather = run(lambda x: greenmim.block_conv(x, gathered, wk, bk), x)
+                emit(op + " (gather + cuBLAS)", s, keep, via_gather, "cuBLAS GEMM", gemm, tflops(via_gather[0]),
+                     tflops(gemm[0]), "TFLOP/s")
                 fused = run(lambda x: greenmim.block_conv(x, table, wk, bk, algo="fused"), x)
                 emit(op + " (fused kernels)", s, keep, fused, "cuBLAS GEMM", gemm, tflops(fused[0]), tflops(gemm[0]),
                      "TFLOP/s")

@@ -21,9 +21,20 @@
 //! and the rule makes no difference; a finer mask (e.g. per patch) is planned, not refused: each
 //! stage's tokens are the blocks of the previous one that hold a visible token.
 //!
+//! **Token order: block-major.** Stage s's tokens (s = 0 .. S-1) are ordered by the cells of the
+//! last stage (each f_s x f_s of stage s, f_s = 2^(S-1-s)), row-major, and inside each such cell
+//! in Morton (Z) order (`morton_rank`); per-sample masks put the samples one after the other. Every
+//! aligned k x k block with k a power of two dividing f_s is then a run of k*k consecutive tokens
+//! in Morton order, so a block conv whose blocks are whole (GreenMIM's 32 px units at every stage
+//! of Twins-L) is a reshape of its input: output j's inputs are tokens j*k*k + morton_rank(i, j')
+//! (`block_table_is_reshape`), and the conv is one GEMM over a view of x, no gather (the package
+//! takes that path). The GSA keys (when sr divides f_s) and the next stage's tokens follow the same
+//! order; the attention partitions and the neighbour tables index tokens through tables and take
+//! any order; the last stage (f = 1) is row-major.
+//!
 //! The tables are those of the general builders (windows.hpp, planner.hpp, partition.hpp,
-//! sparse_conv.hpp), laid out one after the other; test_twins_plan.cpp checks the arena against
-//! them. The LSA partition is built as encoder_plan.hpp builds Swin's (its window_partitioner),
+//! sparse_conv.hpp) on the tokens in this order, block tables' outputs put into it, laid out one
+//! after the other; test_twins_plan.cpp checks the arena against them. The LSA partition is built as encoder_plan.hpp builds Swin's (its window_partitioner),
 //! without the general builders' validation of lists that are valid by construction.
 #pragma once
 
@@ -55,6 +66,45 @@ struct twins_geometry {
   index_t num_stages() const { return static_cast<index_t>(windows.size()); }
 };
 
+//! The Morton (Z-order) rank of (i, j) in a 2^b x 2^b cell: i's bits at the odd positions, j's
+//! at the even ones. morton_rank(i, j) = 2 i + j in a 2 x 2 cell (row-major).
+inline index_t morton_rank(index_t i, index_t j) {
+  index_t r = 0;
+  for (int b = 0; (i >> b) || (j >> b); ++b) r |= (((j >> b) & 1) << (2 * b)) | (((i >> b) & 1) << (2 * b + 1));
+  return r;
+}
+
+//! The cells of a `side` x `side` grid in block-major order (packed coordinates): the f x f
+//! coarse cells row-major, each in Morton order. `f` is a power of two dividing `side`.
+inline void block_major_cells(index_t side, index_t f, std::vector<index_t>& cells) {
+  std::vector<index_t> inner(static_cast<size_t>(f) * f);  // Morton rank -> (i, j) inside a coarse cell
+  for (index_t i = 0; i < f; ++i)
+    for (index_t j = 0; j < f; ++j) inner[static_cast<size_t>(morton_rank(i, j))] = pack_coord(i, j);
+  cells.clear();
+  cells.reserve(static_cast<size_t>(side) * side);
+  for (index_t ch = 0; ch < side; ch += f)
+    for (index_t cw = 0; cw < side; cw += f)
+      for (index_t c : inner) cells.push_back(pack_coord(ch + coord_h(c), cw + coord_w(c)));
+}
+
+//! True when block table `t` is a reshape of its input: every input is in one block and output
+//! n's tap (i, j) is token n*s*s + morton_rank(i, j) (whole blocks in block-major order, s a
+//! power of two). Then the conv is y[n] = W' x[n*s*s : (n+1)*s*s] flattened, W''s rows in Morton
+//! order of the taps. O(N).
+inline bool block_table_is_reshape(const block_table& t) {
+  const index_t s = t.stride, ss = s * s;
+  if (static_cast<std::int64_t>(t.num_outputs()) * ss != t.num_inputs ||
+      static_cast<std::int64_t>(t.gather.size()) != t.num_inputs)
+    return false;
+  std::vector<index_t> rank(static_cast<size_t>(ss));
+  for (index_t i = 0; i < s; ++i)
+    for (index_t j = 0; j < s; ++j) rank[static_cast<size_t>(i * s + j)] = morton_rank(i, j);
+  for (index_t n = 0; n < t.num_outputs(); ++n)
+    for (index_t r = 0; r < ss; ++r)
+      if (t.gather[static_cast<size_t>(n) * ss + r] != n * ss + rank[static_cast<size_t>(r)]) return false;
+  return true;
+}
+
 struct twins_stage {
   index_t height = 0, width = 0;
   index_t num_tokens = 0;  //!< the token axis (per sample with a shared mask)
@@ -62,6 +112,7 @@ struct twins_stage {
   index_t max_tokens = 0, max_keys = 0;  //!< the largest sample's (= num_* with a shared mask)
   bool uniform = true;     //!< every sample has max_tokens tokens and max_keys keys
   bool key_holes = false, embed_holes = false;  //!< a block table has a partly visible block
+  bool key_reshape = false, embed_reshape = false;  //!< a block table is a reshape (block_table_is_reshape)
   encoder_partition lsa;   //!< the LSA windows (plain; `shift` 0)
   arena_range position;    //!< [N] h*W + w (shared), b*H*W + h*W + w (per sample)
   arena_range cu_seqlens;  //!< [M+1] per-sample token offsets; empty with a shared mask
@@ -105,6 +156,11 @@ class twins_planner {
     r.per_sample = per_sample;
     r.stages.resize(S);
     size_ = 0;
+    for (size_t s = 0; s < S; ++s) {  // each stage's cells in block-major order (f_s = 2^(S-1-s))
+      st_[s].side = geo.grid >> s;
+      st_[s].f = index_t{1} << (S - 1 - s);
+      block_major_cells(st_[s].side, st_[s].f, st_[s].cells);
+    }
     scan(mask, mask_h, mask_w, geo.grid, st_[0]);
     if (st_[0].cu.back() == 0) return status::empty_input;
     for (size_t s = 0; s < S; ++s) {
@@ -120,8 +176,13 @@ class twins_planner {
       x.key_cu = cu;
       if (sr > 1) {
         if (status e = blocks(x.side, sr, cus, coords, x.keys); e != status::success) return e;
+        if (x.f % sr == 0 && (sr & (sr - 1)) == 0) {  // the keys in block-major order too
+          block_major_cells(x.side / sr, x.f / sr, key_cells_);
+          to_block_major(x.side / sr, key_cells_, x.keys);
+        }
         x.key_cu = x.keys.next_cu_seqlens;
         o.key_holes = has_holes(x.keys);
+        o.key_reshape = block_table_is_reshape(x.keys);
       }
       o.num_tokens = N;
       o.num_keys = x.key_cu.back();
@@ -139,10 +200,11 @@ class twins_planner {
       }
       if (s + 1 < S) {
         if (status e = blocks(x.side, 2, cus, coords, x.embed); e != status::success) return e;
-        o.embed_holes = has_holes(x.embed);
-        o.embed = take(static_cast<std::int64_t>(x.embed.gather.size()));
         stage_state& y = st_[s + 1];
-        y.side = x.side / 2;
+        to_block_major(y.side, y.cells, x.embed);  // the next stage's tokens, block-major
+        o.embed_holes = has_holes(x.embed);
+        o.embed_reshape = block_table_is_reshape(x.embed);
+        o.embed = take(static_cast<std::int64_t>(x.embed.gather.size()));
         y.cu = per_sample ? x.embed.next_cu_seqlens : std::vector<index_t>{0, x.embed.num_outputs()};
         y.coords.swap(x.embed.next_coords);  // the next stage's tokens (write reads only x.embed.gather)
       } else {
@@ -197,8 +259,9 @@ class twins_planner {
 
  private:
   struct stage_state {
-    index_t side = 0;
-    std::vector<index_t> coords, cu, key_cu;  //!< tokens (packed, row-major per sample), offsets
+    index_t side = 0, f = 1;    //!< the grid's side; the last stage's cells are f x f here
+    std::vector<index_t> cells;  //!< the grid's cells in block-major order (packed)
+    std::vector<index_t> coords, cu, key_cu;  //!< tokens (packed, block-major per sample), offsets
     detail::window_partitioner part;  //!< the LSA windows
     block_table keys, embed;
   };
@@ -247,25 +310,51 @@ class twins_planner {
     return false;
   }
 
-  //! Stage-1 tokens: the grid cells whose mask cell is visible, row-major per sample. A row is
-  //! scanned as runs of columns that share one mask cell (no division per cell).
+  //! Stage-1 tokens: the grid cells whose mask cell is visible, block-major per sample (x.cells).
   void scan(span<const std::uint8_t> mask, index_t mh, index_t mw, index_t grid, stage_state& x) {
     const index_t fh = grid / mh, fw = grid / mw;
-    x.side = grid;
+    row_.resize(static_cast<size_t>(grid));
+    col_.resize(static_cast<size_t>(grid));
+    for (index_t i = 0; i < grid; ++i) {
+      row_[static_cast<size_t>(i)] = (i / fh) * mw;
+      col_[static_cast<size_t>(i)] = i / fw;
+    }
     x.coords.resize(static_cast<size_t>(M_) * grid * grid);
     index_t* out = x.coords.data();
     x.cu.assign(static_cast<size_t>(M_) + 1, 0);
     for (index_t b = 0; b < M_; ++b) {
       const std::uint8_t* m = mask.data() + static_cast<std::int64_t>(b) * mh * mw;
-      for (index_t h = 0; h < grid; ++h) {
-        const std::uint8_t* row = m + static_cast<std::int64_t>(h / fh) * mw;
-        for (index_t c = 0; c < mw; ++c)
-          if (row[c])
-            for (index_t w = c * fw; w < (c + 1) * fw; ++w) *out++ = pack_coord(h, w);
-      }
+      for (index_t c : x.cells)
+        if (m[row_[static_cast<size_t>(coord_h(c))] + col_[static_cast<size_t>(coord_w(c))]]) *out++ = c;
       x.cu[static_cast<size_t>(b) + 1] = static_cast<index_t>(out - x.coords.data());
     }
     x.coords.resize(static_cast<size_t>(x.cu.back()));
+  }
+
+  //! Puts the outputs of block table `t` into the order of `cells` (its output grid's cells,
+  //! `side` x `side`), sample by sample: rows of t.gather and t.next_coords permuted, the
+  //! per-sample offsets unchanged. O(samples * side^2 + outputs).
+  void to_block_major(index_t side, const std::vector<index_t>& cells, block_table& t) const {
+    const index_t ss = t.positions();
+    if (grid_.size() < static_cast<size_t>(side) * side) grid_.resize(static_cast<size_t>(side) * side, pad_index);
+    std::vector<index_t> gather(t.gather.size()), coords(t.next_coords.size());
+    index_t k = 0;
+    for (size_t b = 0; b + 1 < t.next_cu_seqlens.size(); ++b) {
+      for (index_t o = t.next_cu_seqlens[b]; o < t.next_cu_seqlens[b + 1]; ++o) {
+        const index_t c = t.next_coords[static_cast<size_t>(o)];
+        grid_[static_cast<size_t>(coord_h(c) * side + coord_w(c))] = o;
+      }
+      for (index_t c : cells) {
+        index_t& o = grid_[static_cast<size_t>(coord_h(c) * side + coord_w(c))];
+        if (o == pad_index) continue;
+        std::memcpy(gather.data() + static_cast<std::int64_t>(k) * ss, t.gather.data() + static_cast<std::int64_t>(o) * ss,
+                    static_cast<size_t>(ss) * sizeof(index_t));
+        coords[static_cast<size_t>(k++)] = c;
+        o = pad_index;  // grid_ is all pad_index between uses
+      }
+    }
+    t.gather.swap(gather);
+    t.next_coords.swap(coords);
   }
 
   //! The PEG's 3x3 neighbour table of stage x (sparse_conv.hpp's, sample by sample) at `out`.
@@ -333,6 +422,7 @@ class twins_planner {
   std::vector<stage_state> st_;
   std::vector<planner<flops_cost>> planners_;
   detail::window_partitioner::scratch scratch_;
+  std::vector<index_t> row_, col_, key_cells_;  //!< scan's mask row / column of a grid row / column; keys' order
   mutable std::vector<index_t> grid_;  //!< write's scratch: a stage grid of token ids, pad_index between uses
 };
 

@@ -25,7 +25,7 @@ const gmh_abi_entry layout[] = {
                         num_stages, embed_dim, strategy, group_size, max_group_size)
     GREENMIM_ABI_STRUCT(gmh_encoder_info, num_stages, num_masks, arena_size, build_us, stage)
     GREENMIM_ABI_STRUCT(gmh_twins_stage, height, width, num_tokens, num_keys, max_tokens, max_keys, uniform, key_holes,
-                        embed_holes, reserved, lsa, position, cu_seqlens, neighbors, keys, key_cu_seqlens, query_slot,
+                        embed_holes, reshape, lsa, position, cu_seqlens, neighbors, keys, key_cu_seqlens, query_slot,
                         key_gather, embed, unit_rank)
     GREENMIM_ABI_STRUCT(gmh_twins_args, visible, num_masks, mask_height, mask_width, per_sample, grid, num_stages,
                         window, sr_ratio, channels, strategy, group_size, max_group_size)

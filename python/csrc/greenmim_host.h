@@ -21,7 +21,7 @@
 extern "C" {
 #endif
 
-#define GMH_ABI_VERSION 4
+#define GMH_ABI_VERSION 5
 
 enum {
   GMH_OK = 0,
@@ -190,7 +190,9 @@ typedef struct gmh_twins_stage {
   int32_t max_tokens, max_keys; /*!< the largest sample's tokens and GSA keys */
   int32_t uniform;              /*!< every sample has max_tokens tokens and max_keys keys */
   int32_t key_holes, embed_holes; /*!< a GSA / patch-embedding block is partly visible (-1 entries) */
-  int32_t reserved;
+  int32_t reshape;  /*!< bit 0: the GSA keys' block table is a reshape of the tokens (whole blocks in
+                        block-major order: tap (i, j) of key n is token n*sr*sr + Morton rank of (i, j));
+                        bit 1: the patch embedding's (twins_plan.hpp) */
   gmh_plan_partition lsa;     /*!< the LSA windows (never shifted) */
   gmh_range position;         /*!< [N] flat position: h*W + w, or b*H*W + h*W + w per sample */
   gmh_range cu_seqlens;       /*!< [M+1] per-sample token offsets; empty with a shared mask */

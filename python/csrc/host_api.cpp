@@ -344,6 +344,7 @@ void describe_twins(const twins_stage& st, gmh_twins_stage& o) {
   o.uniform = st.uniform ? 1 : 0;
   o.key_holes = st.key_holes ? 1 : 0;
   o.embed_holes = st.embed_holes ? 1 : 0;
+  o.reshape = (st.key_reshape ? 1 : 0) | (st.embed_reshape ? 2 : 0);
   describe(st.lsa, o.lsa);
   o.position = range(st.position);
   o.cu_seqlens = range(st.cu_seqlens);

@@ -193,7 +193,7 @@ class EncoderInfo(ctypes.Structure):
 class TwinsStage(ctypes.Structure):
     """gmh_twins_stage."""
     _fields_ = [(n, c_int32) for n in ("height", "width", "num_tokens", "num_keys", "max_tokens", "max_keys", "uniform",
-                                       "key_holes", "embed_holes", "reserved")] + \
+                                       "key_holes", "embed_holes", "reshape")] + \
                [("lsa", PlanPartition)] + [(n, Range) for n in ("position", "cu_seqlens", "neighbors", "keys",
                                                                 "key_cu_seqlens", "query_slot", "key_gather", "embed",
                                                                 "unit_rank")]
@@ -258,7 +258,7 @@ GM_DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 GM_ALGOS = {"auto": 0, "simt": 1, "mma": 2}
 STRATEGIES = {"fast": 0, "paper": 1, "per-window": 2, "single": 3}
 _KERNELS_ABI_VERSION = 2
-_HOST_ABI_VERSION = 4
+_HOST_ABI_VERSION = 5
 
 
 # An empty tensor may have no storage (data_ptr() 0), but a null data pointer means "absent" to

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _backend, _conv_backend as cb, _eager
-from .conv_tables import BlockTable, NeighborTable, check_table_values
+from .conv_tables import BlockTable, NeighborTable, check_table_values, morton_rank
 from .ops import _check_devices
 
 ALGOS = ("auto", "reference", "fused")
@@ -189,10 +189,44 @@ def block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tens
         raise _backend.GreenmimError(f"greenmim: block conv: a {weight.shape[2]}x{weight.shape[3]} kernel with a "
                                      f"table of stride {table.stride}")
     check_table_values(table)
+    if table.reshape and algo == "auto":
+        cb.check_block(x, table.gather, weight, bias)
+        return _reshape_block_conv(x, table, weight, bias)
     if _torch_cpu(x, algo):
         cb.check_block(x, table.gather, weight, bias)
         return _torch_block_conv(x, table, weight, bias)
     return _eager.call("block_conv_fwd", _autocast(x), table.gather, weight, bias, algo == "fused")
+
+
+def _tap_order(s: int, device) -> Optional[Tensor]:
+    """The row-major tap at each Morton rank of an s x s block, or None where they agree (s <= 2)."""
+    if s <= 2:
+        return None
+    order = [0] * (s * s)
+    for i in range(s):
+        for j in range(s):
+            order[morton_rank(i, j)] = i * s + j
+    return torch.tensor(order, device=device)
+
+
+def _reshape_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """A block conv whose table is a reshape (``table.reshape``: Twins plans' block-major tokens,
+    whole blocks): output n's inputs are tokens ``n*s*s ..`` in Morton order, so the conv is one
+    GEMM over a view of x, ``W'`` ``[C_out, s*s*C_in]`` with its taps in that order; autograd
+    gives dx as a view of one GEMM and dW as another. Any device and dtype, autocast as F.linear."""
+    B, N, C = x.shape
+    s, Co = table.stride, weight.shape[0]
+    if N != table.num_inputs:
+        raise _backend.GreenmimError(f"greenmim: block conv: the features have {N} tokens, the block table "
+                                     f"{table.num_inputs}: a table of another stage or mask?")
+    w = weight.permute(0, 2, 3, 1).reshape(Co, s * s, C)
+    order = _tap_order(s, weight.device)
+    if order is not None:
+        w = w.index_select(1, order)
+    dt = x.dtype if not torch.is_autocast_enabled(x.device.type) else None
+    w = w.reshape(Co, s * s * C)
+    return F.linear(x.reshape(B, table.num_outputs, s * s * C), w if dt is None else w.to(dt),
+                    bias if dt is None or bias is None else bias.to(dt))
 
 
 def _torch_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tensor]) -> Tensor:

@@ -46,7 +46,12 @@ class NeighborTable:
 @dataclass(eq=False)
 class BlockTable:
     """kernel = stride = ``stride`` block table: ``gather[n, i*s + j]`` is the input token at
-    ``(s*bh + i, s*bw + j)`` of output ``n``, or -1 (masked: reads zero)."""
+    ``(s*bh + i, s*bw + j)`` of output ``n``, or -1 (masked: reads zero).
+
+    ``reshape``: every input is in one block and output ``n``'s tap ``(i, j)`` is token
+    ``n*s*s + morton_rank(i, j)`` (Twins plans' block-major order with whole blocks), so the conv
+    is ``x.view(B, N_next, s*s*C_in) @ W'`` with ``W'``'s taps in Morton order. Set by the plan
+    builder, which checks it (twins_plan.hpp), and verified once per table on first use."""
     gather: Tensor                       # [N_next, s*s] int32
     stride: int
     num_inputs: int
@@ -54,6 +59,7 @@ class BlockTable:
     grid: Tuple[int, int] = (0, 0)       # the output grid (H/s, W/s)
     position: Optional[Tensor] = None    # [N_next] the outputs' flat positions on the output grid
     cu_seqlens: Optional[Tensor] = None  # [B+1] the outputs' per-sample offsets (per-sample masks)
+    reshape: bool = False                # gather[n, i*s + j] == n*s*s + morton_rank(i, j): a view of x
 
     @property
     def num_outputs(self) -> int:
@@ -61,6 +67,23 @@ class BlockTable:
 
 
 _valid: "weakref.WeakSet" = weakref.WeakSet()   # tables whose entries were checked (or built by us)
+
+
+def morton_rank(i: int, j: int) -> int:
+    """The Z-order rank of ``(i, j)`` in a power-of-two cell: i's bits at the odd positions, j's at
+    the even ones (twins_plan.hpp's ``morton_rank``; ``2 i + j`` in a 2x2 cell)."""
+    r, b = 0, 0
+    while (i >> b) or (j >> b):
+        r |= (((j >> b) & 1) << (2 * b)) | (((i >> b) & 1) << (2 * b + 1))
+        b += 1
+    return r
+
+
+def reshape_gather(num_outputs: int, stride: int, device=None) -> Tensor:
+    """The gather table of a block table that is a reshape: ``[n, i*s + j] = n*s*s + morton_rank(i, j)``."""
+    s = stride
+    rank = torch.tensor([morton_rank(i, j) for i in range(s) for j in range(s)], dtype=torch.int32, device=device)
+    return torch.arange(num_outputs, dtype=torch.int32, device=device).mul_(s * s).unsqueeze(1) + rank
 
 
 def mark_valid(table) -> None:
@@ -82,6 +105,10 @@ def check_table_values(table) -> None:
         bad = real.unique().numel() != real.numel()
         if not bad and bool((flat < 0).any()) and not table.holes:
             raise GreenmimError("greenmim: block conv: the table has -1 entries but says holes=False")
+        if not bad and table.reshape and (table.num_outputs * table.stride ** 2 != n or not torch.equal(
+                t, reshape_gather(table.num_outputs, table.stride, t.device))):
+            raise GreenmimError("greenmim: block conv: the table says reshape=True but output n's taps are not the "
+                                "tokens n*s*s + Morton rank (only a Twins plan's tables with whole blocks are)")
     if bad:
         kind = "neighbour" if isinstance(table, NeighborTable) else "block"
         raise GreenmimError(f"greenmim: the {kind} table has entries outside [-1, {n}) or an input in two blocks "

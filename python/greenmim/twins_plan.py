@@ -11,6 +11,12 @@ an :class:`~greenmim._arena.ArenaPlan` like :class:`greenmim.MaskPlan`: ``.to()`
 Block convs keep every block with a visible input (spconv's rule, docs/sparse-conv.md): with
 mask units that cover the largest stride every block is whole, and a finer mask is planned too
 (each stage's tokens are then the blocks of the previous stage that hold a visible token).
+
+Tokens are in **block-major order** (twins_plan.hpp): per sample, the last stage's cells
+row-major and each in Z (Morton) order at every stage, so that every 2x2 and sr x sr block is a
+run of consecutive tokens. Where blocks are whole (the 32 px units), the block tables say
+``reshape=True`` and :func:`greenmim.block_conv` is one GEMM over a view of the tokens, no gather.
+Read token positions from ``position``, never from the order.
 """
 from __future__ import annotations
 
@@ -82,7 +88,7 @@ def _layout(info: _lib.TwinsInfo, per_sample: bool, patch_grid: Tuple[int, int],
                p.lower_bound, p.plan_us, _ranges(p))
         ranges = tuple((getattr(st, n).offset, getattr(st, n).size) for n in _STAGE_RANGES)
         stages.append((st.height, st.width, st.num_tokens, st.num_keys, st.max_tokens, st.max_keys, bool(st.uniform),
-                       bool(st.key_holes), bool(st.embed_holes), lsa, ranges, int(sr[k])))
+                       bool(st.key_holes), bool(st.embed_holes), lsa, ranges, int(sr[k]), int(st.reshape)))
     return (per_sample, int(info.num_masks), patch_grid, float(info.build_us), tuple(stages))
 
 
@@ -103,7 +109,7 @@ class TwinsPlan(ArenaPlan):
         empty = arena[:0]
         view = lambda r: chunks.get(r, empty)
         out: List[TwinsStagePlan] = []
-        for (H, W, N, K, max_n, max_k, uniform, key_holes, embed_holes, lsa, ranges, sr) in stages:
+        for (H, W, N, K, max_n, max_k, uniform, key_holes, embed_holes, lsa, ranges, sr, reshape) in stages:
             G, ng, nw, win, sh, exhausted, cost, lb, us, arrays = lsa
             g, sc, sw, co = (view(r) for r in arrays)
             part = StagePartition(g, sc, sw, co, None, group_size=G, num_groups=ng, num_tokens=N, window=win, shift=sh,
@@ -112,8 +118,9 @@ class TwinsPlan(ArenaPlan):
             cu = cu if per_sample else None
             nt = NeighborTable(nbr.view(N, 9), (H, W), pos, cu)
             kt = BlockTable(keys.view(-1, sr * sr), sr, N, key_holes, (H // sr, W // sr), None,
-                            key_cu if per_sample else None) if sr > 1 else None
-            et = BlockTable(embed.view(-1, 4), 2, N, embed_holes, (H // 2, W // 2)) if ranges[7][1] else None
+                            key_cu if per_sample else None, reshape=bool(reshape & 1)) if sr > 1 else None
+            et = BlockTable(embed.view(-1, 4), 2, N, embed_holes, (H // 2, W // 2),
+                            reshape=bool(reshape & 2)) if ranges[7][1] else None
             for t in (nt, kt, et):
                 if t is not None:
                     mark_valid(t)
@@ -146,7 +153,7 @@ class TwinsPlan(ArenaPlan):
             lsa = st[9]
             lsa = (lsa[0], n, *lsa[2:5], lsa[5] if exhausted is None else exhausted, *lsa[6:9],
                    tuple(new(r) for r in lsa[9]))
-            out.append((*st[:9], lsa, tuple(new(r) for r in st[10]), st[11]))
+            out.append((*st[:9], lsa, tuple(new(r) for r in st[10]), *st[11:]))
         return (per_sample, num_masks, patch_grid, build_us, tuple(out))
 
     def __repr__(self) -> str:

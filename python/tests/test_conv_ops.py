@@ -185,6 +185,93 @@ def test_block_conv_gemm_path_equals_reference(holes, kernels):
                 torch.testing.assert_close(a.double(), e, **tol)
 
 
+def _twins_mask(units, batch, gen):
+    """A Twins plan's mask: 32 px units (7 x 7, whole blocks at every stage) or 8 px cells
+    (28 x 28: partly visible 8x8, 4x4 and 2x2 blocks); one shared or `batch` per sample."""
+    if units == 7:
+        m = torch.stack([greenmim.random_masks(generator=gen) for _ in range(batch or 1)])
+    else:
+        m = torch.rand(batch or 1, 28, 28, generator=gen) < 0.4
+    return m[0] if batch is None else m
+
+
+def _scatter_dense(x, position, per_sample, batch, H):
+    """Tokens [B, N, C] (or [1, sum N, C]) at their flat positions on a zero grid [B', C, H, H]."""
+    n_img = batch if per_sample else x.shape[0]
+    img = x.new_zeros(n_img, H * H, x.shape[-1])
+    pos = position.long()
+    if per_sample:
+        img.view(n_img * H * H, -1)[pos] = x[0]
+    else:
+        img[:, pos] = x
+    return img.view(n_img, H, H, -1).permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("batch", [None, 3])
+@pytest.mark.parametrize("units", [7, 28])
+def test_twins_plan_block_convs_are_reshapes_and_one_gemm(units, batch):
+    """A Twins plan's tokens are block-major: with 32 px units every GSA and patch-embedding block
+    table is a reshape (``reshape=True``: output n's taps are tokens n*s*s + Morton rank) and
+    block_conv takes one GEMM over a view; finer masks leave partly visible blocks and the gather
+    path. Either way the forward and the gradients equal the reference on the same table, and the
+    patch embedding equals a dense conv2d over the zero-filled grid read at the next stage's cells."""
+    from greenmim.conv_tables import reshape_gather
+    g = torch.Generator().manual_seed(13)
+    mask = _twins_mask(units, batch, g)
+    plan = greenmim.plan_twins(mask, cache=False)
+    per_sample = batch is not None
+    seen = 0
+    for k, st in enumerate(plan.stages):
+        H = st.grid[0]
+        for t in (st.keys, st.embed):
+            if t is None:
+                continue
+            assert t.reshape == (not t.holes)               # whole blocks in block-major order
+            if t.reshape:
+                assert torch.equal(t.gather, reshape_gather(t.num_outputs, t.stride))
+                seen += 1
+            C, Co, s = 5, 6, t.stride
+            x = torch.randn(1 if per_sample else 2, t.num_inputs, C, dtype=D, requires_grad=True)
+            w = torch.randn(Co, C, s, s, dtype=D, requires_grad=True)
+            b = torch.randn(Co, dtype=D, requires_grad=True)
+            got = greenmim.block_conv(x, t, w, b)
+            want = greenmim.block_conv(x, t, w, b, algo="reference")
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+            dy = torch.randn_like(want)
+            for a, e in zip(torch.autograd.grad(got, (x, w, b), dy), torch.autograd.grad(want, (x, w, b), dy)):
+                torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+            if t is st.embed:                              # the dense oracle, through the positions
+                img = _scatter_dense(x.detach(), st.position, per_sample, batch, H)
+                y = F.conv2d(img, w.detach(), b.detach(), stride=2).permute(0, 2, 3, 1)
+                nxt = plan.stages[k + 1].position.long()
+                dense = y.reshape(-1, Co)[nxt].unsqueeze(0) if per_sample else y.reshape(y.shape[0], -1, Co)[:, nxt]
+                torch.testing.assert_close(got.detach(), dense, rtol=1e-12, atol=1e-12)
+    # 32 px units: all 6 (GSA at sr 8, 4, 2 and three embeddings); 8 px cells: the 2x2 blocks of
+    # stage 1 only (whole 2x2 cells), the others partly visible
+    assert seen == (6 if units == 7 else 1)
+
+
+def test_block_conv_reshape_path_under_autocast_and_a_false_claim():
+    """The reshape path autocasts as F.linear (bf16 on the CPU here) and a table that claims to be a
+    reshape without being one is refused, not computed."""
+    g = torch.Generator().manual_seed(14)
+    plan = greenmim.plan_twins(_twins_mask(7, None, g), cache=False)
+    t = plan.stages[0].keys
+    assert t.reshape and t.stride == 8
+    x, w, b = torch.randn(2, t.num_inputs, 16), torch.randn(8, 16, 8, 8), torch.randn(8)
+    want = greenmim.block_conv(x, t, w, b, algo="reference")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = greenmim.block_conv(x, t, w, b)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=0.5)
+    bt = greenmim.block_table(torch.ones(8, 8, dtype=torch.bool), 2, cache=False)    # row-major: not a reshape
+    liar = greenmim.BlockTable(bt.gather.clone(), 2, bt.num_inputs, False, bt.grid, reshape=True)
+    with pytest.raises(GreenmimError, match="says reshape=True"):
+        greenmim.block_conv(torch.randn(1, 64, 3), liar, torch.randn(4, 3, 2, 2))
+    with pytest.raises(GreenmimError, match="features have 63 tokens"):
+        greenmim.block_conv(torch.randn(2, 63, 16), t, w, b)
+
+
 def test_block_conv_row_copy_refuses_mismatched_dtypes():
     """The gather + GEMM path's row copies move bytes: tokens and slots of different dtypes are
     refused (a bf16 dA copied into a float32 dx would be garbage), and nothing is written."""
