@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _backend, _conv_backend as cb, _eager
-from .conv_tables import BlockTable, NeighborTable, check_table_values, morton_rank
+from .conv_tables import BlockTable, NeighborTable, check_table_values
 from .ops import _check_devices
 
 ALGOS = ("auto", "reference", "fused")
@@ -198,15 +198,17 @@ def block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tens
     return _eager.call("block_conv_fwd", _autocast(x), table.gather, weight, bias, algo == "fused")
 
 
-def _tap_order(s: int, device) -> Optional[Tensor]:
-    """The row-major tap at each Morton rank of an s x s block, or None where they agree (s <= 2)."""
-    if s <= 2:
-        return None
-    order = [0] * (s * s)
-    for i in range(s):
-        for j in range(s):
-            order[morton_rank(i, j)] = i * s + j
-    return torch.tensor(order, device=device)
+def _morton_weight(weight: Tensor) -> Tensor:
+    """``[C_out, C_in, s, s]`` as ``W'`` ``[C_out, s*s*C_in]`` with the taps in Morton order (s a
+    power of two): tap ``(i, j)``'s bits interleaved, ``i_{b-1} j_{b-1} .. i_0 j_0``, by a view and
+    a permute of the bit axes; no index tensor, so CUDA graphs capture it and compile traces it."""
+    Co, C, s, _ = weight.shape
+    w = weight.permute(0, 2, 3, 1)                                   # [C_out, i, j, C_in]
+    b = s.bit_length() - 1
+    if b > 1:                                                        # 2x2: Morton order is row-major
+        w = w.reshape(Co, *([2] * b), *([2] * b), C)                 # i's bits, then j's, high first
+        w = w.permute(0, *(d for k in range(b) for d in (1 + k, 1 + b + k)), 1 + 2 * b)
+    return w.reshape(Co, s * s * C)
 
 
 def _reshape_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
@@ -215,16 +217,14 @@ def _reshape_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Opti
     GEMM over a view of x, ``W'`` ``[C_out, s*s*C_in]`` with its taps in that order; autograd
     gives dx as a view of one GEMM and dW as another. Any device and dtype, autocast as F.linear."""
     B, N, C = x.shape
-    s, Co = table.stride, weight.shape[0]
+    s = table.stride
     if N != table.num_inputs:
         raise _backend.GreenmimError(f"greenmim: block conv: the features have {N} tokens, the block table "
                                      f"{table.num_inputs}: a table of another stage or mask?")
-    w = weight.permute(0, 2, 3, 1).reshape(Co, s * s, C)
-    order = _tap_order(s, weight.device)
-    if order is not None:
-        w = w.index_select(1, order)
+    if s & (s - 1):
+        raise _backend.GreenmimError(f"greenmim: block conv: a reshape table of stride {s} (a power of two only)")
+    w = _morton_weight(weight)
     dt = x.dtype if not torch.is_autocast_enabled(x.device.type) else None
-    w = w.reshape(Co, s * s * C)
     return F.linear(x.reshape(B, table.num_outputs, s * s * C), w if dt is None else w.to(dt),
                     bias if dt is None or bias is None else bias.to(dt))
 

@@ -272,6 +272,39 @@ def test_block_conv_reshape_path_under_autocast_and_a_false_claim():
         greenmim.block_conv(torch.randn(2, 63, 16), t, w, b)
 
 
+def test_reshape_path_weight_order_and_no_host_tensors():
+    """W' of the reshape path has tap (i, j) at Morton rank (i, j) for every power-of-two stride,
+    and the path makes no tensor from host data (lift_fresh: torch.tensor of a list), which a CUDA
+    graph cannot capture (a device run found such a copy and the Twins step lost its graphs)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from greenmim.conv_ops import _morton_weight
+    from greenmim.conv_tables import morton_rank
+    for s in (1, 2, 4, 8, 16):
+        w = torch.randn(3, 5, s, s, dtype=D)
+        got = _morton_weight(w).view(3, s * s, 5)
+        for i in range(s):
+            for j in range(s):
+                assert torch.equal(got[:, morton_rank(i, j)], w[:, :, i, j])
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    t = greenmim.plan_twins(_twins_mask(7, 2, torch.Generator().manual_seed(15)), cache=False).stages[0].keys
+    x = torch.randn(1, t.num_inputs, 4, requires_grad=True)
+    w, b = torch.randn(6, 4, 8, 8, requires_grad=True), torch.randn(6, requires_grad=True)
+    greenmim.block_conv(x, t, w, b)                      # the table's one-time checks happen here
+    with Ops() as ops:
+        greenmim.block_conv(x, t, w, b).sum().backward()
+    assert any("addmm" in n or "linear" in n or "mm" in n for n in ops.names), ops.names
+    assert not [n for n in ops.names if "lift_fresh" in n or "_to_copy" in n or "index" in n], ops.names
+
+
 def test_block_conv_row_copy_refuses_mismatched_dtypes():
     """The gather + GEMM path's row copies move bytes: tokens and slots of different dtypes are
     refused (a bf16 dA copied into a float32 dx would be garbage), and nothing is written."""
