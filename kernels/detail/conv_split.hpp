@@ -49,8 +49,9 @@ inline dw_grad_split dw_grad_split_for(std::int64_t tokens, std::int64_t batch, 
 //! cost (the block's weights staged, its neighbour indices read) is spread over several samples
 //! where there are many CTAs: at least k_dw_apply_min_ctas CTAs stay (or all of tiles x batch),
 //! at most 8 samples per CTA unless grid.z would pass 65535. Shapes only. Requires tiles,
-//! batch >= 1.
-constexpr std::int64_t k_dw_apply_min_ctas = 1024;
+//! batch >= 1. 256 (was 1024): on an H100 (docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-26f/), 8
+//! samples per CTA ran Twins-L's PEG forward at stages 2-4 1.19-1.36x faster, stage 1 the same.
+constexpr std::int64_t k_dw_apply_min_ctas = 256;
 inline int dw_apply_grid_z(std::int64_t tiles, std::int64_t batch) {
   std::int64_t per = tiles * batch / k_dw_apply_min_ctas;
   per = per < 1 ? 1 : per > 8 ? 8 : per;

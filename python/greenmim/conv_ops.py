@@ -198,17 +198,21 @@ def block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tens
     return _eager.call("block_conv_fwd", _autocast(x), table.gather, weight, bias, algo == "fused")
 
 
-def _morton_weight(weight: Tensor) -> Tensor:
-    """``[C_out, C_in, s, s]`` as ``W'`` ``[C_out, s*s*C_in]`` with the taps in Morton order (s a
-    power of two): tap ``(i, j)``'s bits interleaved, ``i_{b-1} j_{b-1} .. i_0 j_0``, by a view and
-    a permute of the bit axes; no index tensor, so CUDA graphs capture it and compile traces it."""
+def _morton_weight(weight: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+    """``[C_out, C_in, s, s]`` as ``W'`` ``[C_out, s*s*C_in]`` in ``dtype`` (default: the weight's)
+    with the taps in Morton order (s a power of two): tap ``(i, j)``'s bits interleaved,
+    ``i_{b-1} j_{b-1} .. i_0 j_0``, by a view and a permute of the bit axes, then one copy that
+    also casts (one kernel, not a permute copy and a cast). No index tensor: CUDA graphs capture
+    it and compile traces it."""
     Co, C, s, _ = weight.shape
     w = weight.permute(0, 2, 3, 1)                                   # [C_out, i, j, C_in]
     b = s.bit_length() - 1
     if b > 1:                                                        # 2x2: Morton order is row-major
-        w = w.reshape(Co, *([2] * b), *([2] * b), C)                 # i's bits, then j's, high first
+        w = w.reshape(Co, *([2] * b), *([2] * b), C)                 # a view: i's bits, then j's, high first
         w = w.permute(0, *(d for k in range(b) for d in (1 + k, 1 + b + k)), 1 + 2 * b)
-    return w.reshape(Co, s * s * C)
+    out = torch.empty((Co, s * s * C), dtype=dtype or weight.dtype, device=weight.device)
+    out.view(w.shape).copy_(w)
+    return out
 
 
 def _reshape_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
@@ -223,10 +227,10 @@ def _reshape_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Opti
                                      f"{table.num_inputs}: a table of another stage or mask?")
     if s & (s - 1):
         raise _backend.GreenmimError(f"greenmim: block conv: a reshape table of stride {s} (a power of two only)")
-    w = _morton_weight(weight)
-    dt = x.dtype if not torch.is_autocast_enabled(x.device.type) else None
-    return F.linear(x.reshape(B, table.num_outputs, s * s * C), w if dt is None else w.to(dt),
-                    bias if dt is None or bias is None else bias.to(dt))
+    dev = x.device.type
+    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype   # F.linear's operands
+    return F.linear(x.reshape(B, table.num_outputs, s * s * C), _morton_weight(weight, dt),
+                    bias if bias is None or torch.is_autocast_enabled(dev) else bias.to(dt))
 
 
 def _torch_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
