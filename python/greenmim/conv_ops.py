@@ -13,7 +13,9 @@ custom ops, with fakes and registered autograd like the attention (ops.py), so
 Both equal a dense ``torch.nn.functional.conv2d`` over the zero-filled grid, read at the output
 cells. Weights are the dense ``nn.Conv2d`` parameters (``[C, 1, 3, 3]``, ``[C_out, C_in, s, s]``).
 
-Where they run: CUDA tensors (fp32/fp16/bf16; weights float32) on the kernels, except the block
+Where they run: a block table that is a reshape (a Twins plan's, whole blocks in block-major
+order) makes the block conv one ``F.linear`` over a view of x, on every device. Otherwise CUDA
+tensors (fp32/fp16/bf16; weights float32) run on the kernels, except the block
 conv, which by default gathers x's rows and runs cuBLAS's GEMMs inside its op (1.3-3.1x faster
 forwards than its fused gather-GEMM kernels on an H200; ``algo="fused"`` takes the kernels); CPU tensors in
 float32/float64, the depthwise conv on the Eigen reference, the block conv eagerly as torch's
