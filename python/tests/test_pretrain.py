@@ -413,9 +413,12 @@ def test_ctrl_c_is_one_line_exit_code_130_and_no_torn_checkpoint(tmp_path):
     """SIGINT mid-run (a Ctrl-C): no traceback, one line naming how to resume, exit code 130, and no
     temporary or partial checkpoint left behind."""
     import signal
+    # SIGINT's default action in the child, whatever the runner's: a shell starts background jobs with
+    # SIGINT ignored, children inherit that, and Python then never raises KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, "-m", "greenmim.pretrain", *_quick(tmp_path, "--epochs", "50",
                                                                                  "--print_freq", "1")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for line in proc.stdout:                      # wait for training to be under way
             if "step 2/" in line:
