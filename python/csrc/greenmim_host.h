@@ -184,7 +184,8 @@ int gmh_encoder_plan_write(const gmh_encoder_planner* planner, int32_t* arena);
 /* ---- Twins plan: every stage of a Twins-SVT encoder for one mask, in one arena (twins_plan.hpp) */
 
 /*! One stage of a Twins plan. Counts are per sample with a shared mask, of the whole flat axis
- *  with per-sample masks. */
+ *  with per-sample masks. Tokens are in block-major order (twins_plan.hpp: the last stage's cells
+ *  row-major, Z order inside each); `position` says where each one lies. */
 typedef struct gmh_twins_stage {
   int32_t height, width, num_tokens, num_keys;
   int32_t max_tokens, max_keys; /*!< the largest sample's tokens and GSA keys */

@@ -48,7 +48,8 @@ class ArenaPlan:
 
     @property
     def patch_index(self) -> Tensor:
-        """The visible patches, row-major per sample (stage 1's positions)."""
+        """The visible patches in the plan's token order (stage 1's positions): row-major per
+        sample for Swin's plans, block-major for Twins' (twins_plan.hpp)."""
         return self.stages[0].position
 
     @property

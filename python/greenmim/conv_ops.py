@@ -179,8 +179,9 @@ def block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tens
                algo: str = "auto") -> Tensor:
     """Kernel = stride = s conv on the visible tokens: ``[B, N, C_in] -> [B, N_next, C_out]``
     (per-sample masks: ``[1, sum N_b, .]``). Outputs at the blocks of ``table`` (every s x s
-    block with a visible input, row-major per sample: ``table.position``); masked inputs read as
-    zero. ``weight`` ``[C_out, C_in, s, s]`` (``nn.Conv2d``'s), ``bias`` ``[C_out]`` or None.
+    block with a visible input, in the table's order: row-major per sample from
+    :func:`greenmim.block_table`, block-major from a Twins plan; ``table.position`` says where);
+    masked inputs read as zero. ``weight`` ``[C_out, C_in, s, s]`` (``nn.Conv2d``'s), ``bias`` ``[C_out]`` or None.
     ``algo``: "auto"; "reference" (CPU: the Eigen reference); "fused" (CUDA: the fused
     gather-GEMM kernels of the C ABI instead of a gather and cuBLAS)."""
     if not isinstance(table, BlockTable):
@@ -230,9 +231,11 @@ def _reshape_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Opti
     if s & (s - 1):
         raise _backend.GreenmimError(f"greenmim: block conv: a reshape table of stride {s} (a power of two only)")
     dev = x.device.type
-    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype   # F.linear's operands
+    # F.linear's operand dtype: autocast's where it casts (it leaves float64 alone), else x's
+    ac = torch.is_autocast_enabled(dev) and x.dtype != torch.float64
+    dt = torch.get_autocast_dtype(dev) if ac else x.dtype
     return F.linear(x.reshape(B, table.num_outputs, s * s * C), _morton_weight(weight, dt),
-                    bias if bias is None or torch.is_autocast_enabled(dev) else bias.to(dt))
+                    bias if bias is None or ac else bias.to(dt))
 
 
 def _torch_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tensor]) -> Tensor:

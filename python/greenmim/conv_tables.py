@@ -51,7 +51,8 @@ class BlockTable:
     ``reshape``: every input is in one block and output ``n``'s tap ``(i, j)`` is token
     ``n*s*s + morton_rank(i, j)`` (Twins plans' block-major order with whole blocks), so the conv
     is ``x.view(B, N_next, s*s*C_in) @ W'`` with ``W'``'s taps in Morton order. Set by the plan
-    builder, which checks it (twins_plan.hpp), and verified once per table on first use."""
+    builder, which checks it (twins_plan.hpp); a table whose claim changes after its check (or
+    that no builder made) is checked again on its next use."""
     gather: Tensor                       # [N_next, s*s] int32
     stride: int
     num_inputs: int
@@ -66,7 +67,8 @@ class BlockTable:
         return self.gather.shape[0]
 
 
-_valid: "weakref.WeakSet" = weakref.WeakSet()   # tables whose entries were checked (or built by us)
+# tables whose entries were checked (or built by us) -> the `reshape` claim that was checked with them
+_valid: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def morton_rank(i: int, j: int) -> int:
@@ -87,15 +89,15 @@ def reshape_gather(num_outputs: int, stride: int, device=None) -> Tensor:
 
 
 def mark_valid(table) -> None:
-    _valid.add(table)
+    _valid[table] = getattr(table, "reshape", None)
 
 
 def check_table_values(table) -> None:
     """Refuses a table with an entry outside [-1, N) or (block tables) an input in two blocks,
     once per table object: the builders' tables are valid by construction, and the kernels would
     read a bad entry as zero rather than fail."""
-    if table in _valid:
-        return
+    if table in _valid and _valid[table] == getattr(table, "reshape", None):
+        return                          # checked, and its reshape claim has not changed since
     t = table.nbr if isinstance(table, NeighborTable) else table.gather
     n = table.num_tokens if isinstance(table, NeighborTable) else table.num_inputs
     flat = t.reshape(-1).long()
@@ -113,7 +115,7 @@ def check_table_values(table) -> None:
         kind = "neighbour" if isinstance(table, NeighborTable) else "block"
         raise GreenmimError(f"greenmim: the {kind} table has entries outside [-1, {n}) or an input in two blocks "
                             f"(a table of another mask, or modified?)")
-    _valid.add(table)
+    mark_valid(table)
 
 
 def _host_mask(visible: Tensor) -> Tuple[Tensor, bool]:

@@ -270,6 +270,19 @@ def test_block_conv_reshape_path_under_autocast_and_a_false_claim():
         greenmim.block_conv(torch.randn(1, 64, 3), liar, torch.randn(4, 3, 2, 2))
     with pytest.raises(GreenmimError, match="features have 63 tokens"):
         greenmim.block_conv(torch.randn(2, 63, 16), t, w, b)
+    # a claim made after the table's check is checked on its next use
+    ok = greenmim.block_table(torch.ones(8, 8, dtype=torch.bool), 2, cache=False)
+    x2, w2 = torch.randn(1, 64, 3), torch.randn(4, 3, 2, 2)
+    greenmim.block_conv(x2, ok, w2)
+    ok.reshape = True
+    with pytest.raises(GreenmimError, match="says reshape=True"):
+        greenmim.block_conv(x2, ok, w2)
+    # float64 under autocast stays float64 (autocast leaves it alone), as on the other paths
+    x64, w64, b64 = x.double(), w.double(), b.double()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got64 = greenmim.block_conv(x64, t, w64, b64)
+    assert got64.dtype == torch.float64
+    torch.testing.assert_close(got64, greenmim.block_conv(x64, t, w64, b64, algo="reference"))
 
 
 def test_reshape_path_weight_order_and_no_host_tensors():
