@@ -311,8 +311,14 @@ class twins_planner {
   }
 
   //! Stage-1 tokens: the grid cells whose mask cell is visible, block-major per sample (x.cells).
+  //! x.cells walks aligned r x r blocks as runs of r*r entries (r the largest power of two dividing
+  //! x.f and the mask cell's sides), each inside one mask cell: one mask read and one copy a run
+  //! (49 runs of 64 a sample for Twins-L's 32 px units), not a read a cell.
   void scan(span<const std::uint8_t> mask, index_t mh, index_t mw, index_t grid, stage_state& x) {
     const index_t fh = grid / mh, fw = grid / mw;
+    index_t r = 1;
+    while (x.f % (2 * r) == 0 && fh % (2 * r) == 0 && fw % (2 * r) == 0) r *= 2;
+    const size_t run = static_cast<size_t>(r) * r;
     row_.resize(static_cast<size_t>(grid));
     col_.resize(static_cast<size_t>(grid));
     for (index_t i = 0; i < grid; ++i) {
@@ -324,8 +330,12 @@ class twins_planner {
     x.cu.assign(static_cast<size_t>(M_) + 1, 0);
     for (index_t b = 0; b < M_; ++b) {
       const std::uint8_t* m = mask.data() + static_cast<std::int64_t>(b) * mh * mw;
-      for (index_t c : x.cells)
-        if (m[row_[static_cast<size_t>(coord_h(c))] + col_[static_cast<size_t>(coord_w(c))]]) *out++ = c;
+      for (size_t k = 0; k < x.cells.size(); k += run) {
+        const index_t c = x.cells[k];  // the run's first cell: its mask cell is the whole run's
+        if (!m[row_[static_cast<size_t>(coord_h(c))] + col_[static_cast<size_t>(coord_w(c))]]) continue;
+        std::memcpy(out, x.cells.data() + k, run * sizeof(index_t));
+        out += run;
+      }
       x.cu[static_cast<size_t>(b) + 1] = static_cast<index_t>(out - x.coords.data());
     }
     x.coords.resize(static_cast<size_t>(x.cu.back()));
