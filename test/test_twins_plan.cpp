@@ -326,3 +326,25 @@ TEST_CASE("Block-major order: Morton ranks and the cell list are the Z order, ev
     }
   }
 }
+
+TEST_CASE("Twins planner reused across geometries equals a fresh one (its cached block-major cells)") {
+  std::mt19937 g(6);
+  twins_geometry l, small, other_sr;
+  small.grid = 28;
+  small.windows = {7, 7, 7};
+  small.sr_ratios = {4, 2, 1};
+  small.channels = {16, 32, 64};
+  other_sr.sr_ratios = {4, 2, 2, 1};  // Twins-L's grid, other GSA strides: the keys' cells change
+  twins_planner reused;
+  for (int rep = 0; rep < 2; ++rep)
+    for (const twins_geometry* geo : {&l, &small, &other_sr, &l}) {
+      const auto m = random_cells(g, 3, 7, 0.4);
+      twins_plan a, b;
+      REQUIRE(reused.run(span<const std::uint8_t>(m), 3, 7, 7, true, *geo, encoder_plan_options{}, a) ==
+              status::success);
+      twins_planner fresh;
+      REQUIRE(fresh.run(span<const std::uint8_t>(m), 3, 7, 7, true, *geo, encoder_plan_options{}, b) ==
+              status::success);
+      CHECK(a.arena == b.arena);
+    }
+}

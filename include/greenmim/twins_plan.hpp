@@ -156,10 +156,15 @@ class twins_planner {
     r.per_sample = per_sample;
     r.stages.resize(S);
     size_ = 0;
-    for (size_t s = 0; s < S; ++s) {  // each stage's cells in block-major order (f_s = 2^(S-1-s))
-      st_[s].side = geo.grid >> s;
-      st_[s].f = index_t{1} << (S - 1 - s);
-      block_major_cells(st_[s].side, st_[s].f, st_[s].cells);
+    for (size_t s = 0; s < S; ++s) {  // each stage's cells in block-major order (f_s = 2^(S-1-s)), kept between calls
+      stage_state& x = st_[s];
+      const index_t side = geo.grid >> s, f = index_t{1} << (S - 1 - s);
+      if (x.side != side || x.f != f || x.cells.size() != static_cast<size_t>(side) * side) {
+        x.side = side;
+        x.f = f;
+        block_major_cells(side, f, x.cells);
+        x.key_cells_of = 0;  // the keys' cells follow the grid
+      }
     }
     scan(mask, mask_h, mask_w, geo.grid, st_[0]);
     if (st_[0].cu.back() == 0) return status::empty_input;
@@ -177,8 +182,11 @@ class twins_planner {
       if (sr > 1) {
         if (status e = blocks(x.side, sr, cus, coords, x.keys); e != status::success) return e;
         if (x.f % sr == 0 && (sr & (sr - 1)) == 0) {  // the keys in block-major order too
-          block_major_cells(x.side / sr, x.f / sr, key_cells_);
-          to_block_major(x.side / sr, key_cells_, x.keys);
+          if (x.key_cells_of != sr) {
+            block_major_cells(x.side / sr, x.f / sr, x.key_cells);
+            x.key_cells_of = sr;
+          }
+          to_block_major(x.side / sr, x.key_cells, x.keys);
         }
         x.key_cu = x.keys.next_cu_seqlens;
         o.key_holes = has_holes(x.keys);
@@ -261,6 +269,8 @@ class twins_planner {
   struct stage_state {
     index_t side = 0, f = 1;    //!< the grid's side; the last stage's cells are f x f here
     std::vector<index_t> cells;  //!< the grid's cells in block-major order (packed)
+    std::vector<index_t> key_cells;  //!< the GSA key grid's cells in block-major order, for sr = key_cells_of
+    index_t key_cells_of = 0;
     std::vector<index_t> coords, cu, key_cu;  //!< tokens (packed, block-major per sample), offsets
     detail::window_partitioner part;  //!< the LSA windows
     block_table keys, embed;
@@ -432,7 +442,7 @@ class twins_planner {
   std::vector<stage_state> st_;
   std::vector<planner<flops_cost>> planners_;
   detail::window_partitioner::scratch scratch_;
-  std::vector<index_t> row_, col_, key_cells_;  //!< scan's mask row / column of a grid row / column; keys' order
+  std::vector<index_t> row_, col_;  //!< scan's mask row / column of a grid row / column
   mutable std::vector<index_t> grid_;  //!< write's scratch: a stage grid of token ids, pad_index between uses
 };
 
