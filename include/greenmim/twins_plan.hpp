@@ -34,8 +34,9 @@
 //!
 //! The tables are those of the general builders (windows.hpp, planner.hpp, partition.hpp,
 //! sparse_conv.hpp) on the tokens in this order, block tables' outputs put into it, laid out one
-//! after the other; test_twins_plan.cpp checks the arena against them. The LSA partition is built as encoder_plan.hpp builds Swin's (its window_partitioner),
-//! without the general builders' validation of lists that are valid by construction.
+//! after the other; test_twins_plan.cpp checks the arena against them. The LSA partition is built
+//! as encoder_plan.hpp builds Swin's (its window_partitioner), without the general builders'
+//! validation of lists that are valid by construction.
 #pragma once
 
 #include <algorithm>
@@ -181,7 +182,7 @@ class twins_planner {
       x.key_cu = cu;
       if (sr > 1) {
         if (status e = blocks(x.side, sr, cus, coords, x.keys); e != status::success) return e;
-        if (x.f % sr == 0 && (sr & (sr - 1)) == 0) {  // the keys in block-major order too
+        if (x.f % sr == 0) {  // the keys in block-major order too (sr divides f, a power of two)
           if (x.key_cells_of != sr) {
             block_major_cells(x.side / sr, x.f / sr, x.key_cells);
             x.key_cells_of = sr;

@@ -160,12 +160,21 @@ def _gemm_path(x: Tensor, fused: bool) -> bool:
     return x.device.type == "cuda" and not fused
 
 
-def _w_prime(weight: Tensor, dtype: torch.dtype) -> Tensor:
-    """W' [C_out, s*s*C_in], column p*C_in + c = weight[o, c, p] (x's dtype): one cast-and-permute
-    copy (a cast, then a permuting reshape, would be two kernels)."""
-    Co, C, s = weight.shape[0], weight.shape[1], weight.shape[2]
-    w = torch.empty((Co, s, s, C), dtype=dtype, device=weight.device)
-    return w.copy_(weight.detach().permute(0, 2, 3, 1)).view(Co, -1)
+def w_prime(weight: Tensor, dtype: Optional[torch.dtype] = None, morton: bool = False) -> Tensor:
+    """W' [C_out, s*s*C_in] in ``dtype`` (default: the weight's): column p*C_in + c holds
+    weight[o, c, tap p], the taps row-major, or with ``morton`` (s a power of two) in Morton order,
+    tap (i, j)'s bits interleaved i_{b-1} j_{b-1} .. i_0 j_0 (a view and a permute of the bit axes:
+    no index tensor, so CUDA graphs capture it). One copy that permutes and casts (a cast, then a
+    permuting reshape, would be two kernels); differentiable in ``weight``."""
+    Co, C, s, _ = weight.shape
+    w = weight.permute(0, 2, 3, 1)                                   # [C_out, i, j, C_in]
+    b = s.bit_length() - 1
+    if morton and b > 1:                                             # 2x2: Morton order is row-major
+        w = w.reshape(Co, *([2] * b), *([2] * b), C)                 # a view: i's bits, then j's, high first
+        w = w.permute(0, *(d for k in range(b) for d in (1 + k, 1 + b + k)), 1 + 2 * b)
+    out = torch.empty((Co, s * s * C), dtype=dtype or weight.dtype, device=weight.device)
+    out.view(w.shape).copy_(w)
+    return out
 
 
 def _copy_rows(fn: str, x: Tensor, y: Tensor, index: Tensor, group_size: int) -> None:
@@ -249,7 +258,7 @@ def _block_fwd_gemm(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Te
     """y = A W'^T + bias in x's dtype (cuBLAS: fp32 sums; the bias rounded to x's dtype first; fp32
     inputs follow torch's TF32 setting, torch.backends.cuda.matmul.allow_tf32)."""
     with _no_autocast(x):
-        a, w = _gathered(x, gather), _w_prime(weight, x.dtype)
+        a, w = _gathered(x, gather), w_prime(weight.detach(), x.dtype)
         y2 = y.view(-1, weight.shape[0])
         if bias is not None:
             torch.addmm(bias.detach().to(x.dtype), a, w.t(), out=y2)
@@ -263,7 +272,7 @@ def _block_bwd_gemm(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, dx: T
     Co, s, Nn = weight.shape[0], weight.shape[2], gather.shape[0]
     with _no_autocast(x):
         dy2 = dy.to(x.dtype).reshape(B * Nn, Co)
-        da = torch.mm(dy2, _w_prime(weight, x.dtype)).view(B, Nn * s * s, C)
+        da = torch.mm(dy2, w_prime(weight.detach(), x.dtype)).view(B, Nn * s * s, C)
         if uses_kernels(x):             # every row of dx written: its slot's row of dA, or zeros
             _copy_rows("gm_unpartition_tokens", dx, da, _scatter_of(gather, N), s * s)
         else:                           # torch (CPU): dA's rows added to zeros; -1 entries' rows dropped

@@ -201,23 +201,6 @@ def block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tens
     return _eager.call("block_conv_fwd", _autocast(x), table.gather, weight, bias, algo == "fused")
 
 
-def _morton_weight(weight: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
-    """``[C_out, C_in, s, s]`` as ``W'`` ``[C_out, s*s*C_in]`` in ``dtype`` (default: the weight's)
-    with the taps in Morton order (s a power of two): tap ``(i, j)``'s bits interleaved,
-    ``i_{b-1} j_{b-1} .. i_0 j_0``, by a view and a permute of the bit axes, then one copy that
-    also casts (one kernel, not a permute copy and a cast). No index tensor: CUDA graphs capture
-    it and compile traces it."""
-    Co, C, s, _ = weight.shape
-    w = weight.permute(0, 2, 3, 1)                                   # [C_out, i, j, C_in]
-    b = s.bit_length() - 1
-    if b > 1:                                                        # 2x2: Morton order is row-major
-        w = w.reshape(Co, *([2] * b), *([2] * b), C)                 # a view: i's bits, then j's, high first
-        w = w.permute(0, *(d for k in range(b) for d in (1 + k, 1 + b + k)), 1 + 2 * b)
-    out = torch.empty((Co, s * s * C), dtype=dtype or weight.dtype, device=weight.device)
-    out.view(w.shape).copy_(w)
-    return out
-
-
 def _reshape_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     """A block conv whose table is a reshape (``table.reshape``: Twins plans' block-major tokens,
     whole blocks): output n's inputs are tokens ``n*s*s ..`` in Morton order, so the conv is one
@@ -228,13 +211,11 @@ def _reshape_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Opti
     if N != table.num_inputs:
         raise _backend.GreenmimError(f"greenmim: block conv: the features have {N} tokens, the block table "
                                      f"{table.num_inputs}: a table of another stage or mask?")
-    if s & (s - 1):
-        raise _backend.GreenmimError(f"greenmim: block conv: a reshape table of stride {s} (a power of two only)")
     dev = x.device.type
     # F.linear's operand dtype: autocast's where it casts (it leaves float64 alone), else x's
     ac = torch.is_autocast_enabled(dev) and x.dtype != torch.float64
     dt = torch.get_autocast_dtype(dev) if ac else x.dtype
-    return F.linear(x.reshape(B, table.num_outputs, s * s * C), _morton_weight(weight, dt),
+    return F.linear(x.reshape(B, table.num_outputs, s * s * C), cb.w_prime(weight, dt, morton=True),
                     bias if bias is None or ac else bias.to(dt))
 
 
@@ -247,5 +228,5 @@ def _torch_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Option
         x = torch.cat([x, x.new_zeros((B, 1, C))], 1)
         idx = torch.where(idx < 0, torch.full_like(idx, N), idx)
     a = x.index_select(1, idx).view(B, table.gather.shape[0], -1)
-    w = weight.to(x.dtype).permute(0, 2, 3, 1).reshape(weight.shape[0], -1)
+    w = cb.w_prime(weight, x.dtype)
     return F.linear(a, w, bias.to(x.dtype) if bias is not None else None)

@@ -290,11 +290,11 @@ def test_reshape_path_weight_order_and_no_host_tensors():
     and the path makes no tensor from host data (lift_fresh: torch.tensor of a list), which a CUDA
     graph cannot capture (a device run found such a copy and the Twins step lost its graphs)."""
     from torch.utils._python_dispatch import TorchDispatchMode
-    from greenmim.conv_ops import _morton_weight
+    from greenmim._conv_backend import w_prime
     from greenmim.conv_tables import morton_rank
     for s in (1, 2, 4, 8, 16):
         w = torch.randn(3, 5, s, s, dtype=D)
-        got = _morton_weight(w).view(3, s * s, 5)
+        got = w_prime(w, morton=True).view(3, s * s, 5)
         for i in range(s):
             for j in range(s):
                 assert torch.equal(got[:, morton_rank(i, j)], w[:, :, i, j])
