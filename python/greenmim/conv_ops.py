@@ -192,6 +192,9 @@ def block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tens
         raise _backend.GreenmimError(f"greenmim: block conv: a {weight.shape[2]}x{weight.shape[3]} kernel with a "
                                      f"table of stride {table.stride}")
     check_table_values(table)
+    if x.dim() == 3 and x.shape[1] != table.num_inputs:    # every path: the table indexes x's token axis
+        raise _backend.GreenmimError(f"greenmim: block conv: the features have {x.shape[1]} tokens, the block table "
+                                     f"{table.num_inputs}: a table of another stage or mask?")
     if table.reshape and algo == "auto":
         cb.check_block(x, table.gather, weight, bias)
         return _reshape_block_conv(x, table, weight, bias)
@@ -208,9 +211,6 @@ def _reshape_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Opti
     gives dx as a view of one GEMM and dW as another. Any device and dtype, autocast as F.linear."""
     B, N, C = x.shape
     s = table.stride
-    if N != table.num_inputs:
-        raise _backend.GreenmimError(f"greenmim: block conv: the features have {N} tokens, the block table "
-                                     f"{table.num_inputs}: a table of another stage or mask?")
     dev = x.device.type
     # F.linear's operand dtype: autocast's where it casts (it leaves float64 alone), else x's
     ac = torch.is_autocast_enabled(dev) and x.dtype != torch.float64

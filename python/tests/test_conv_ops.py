@@ -318,6 +318,18 @@ def test_reshape_path_weight_order_and_no_host_tensors():
     assert not [n for n in ops.names if "lift_fresh" in n or "_to_copy" in n or "index" in n], ops.names
 
 
+def test_block_conv_refuses_features_of_another_token_count_on_every_path():
+    """A table indexes x's token axis: x with more or fewer tokens than the table's inputs is
+    refused with the reason on every path (before, the gather paths ignored extra tokens or
+    failed inside torch's index_select)."""
+    bt = greenmim.block_table(torch.ones(8, 8, dtype=torch.bool), 2, cache=False)
+    w = torch.randn(4, 3, 2, 2, dtype=D)
+    for n in (63, 65):
+        for algo in ("auto", "reference"):
+            with pytest.raises(GreenmimError, match=f"features have {n} tokens, the block table 64"):
+                greenmim.block_conv(torch.randn(2, n, 3, dtype=D), bt, w, algo=algo)
+
+
 def test_block_conv_row_copy_refuses_mismatched_dtypes():
     """The gather + GEMM path's row copies move bytes: tokens and slots of different dtypes are
     refused (a bf16 dA copied into a float32 dx would be garbage), and nothing is written."""
