@@ -87,6 +87,40 @@ struct row_io<__half, 8> : row_io16<__half> {};
 template <>
 struct row_io<__nv_bfloat16, 8> : row_io16<__nv_bfloat16> {};
 
+// 4 elements in one access (8 bytes for fp16/bf16, 16 for fp32)
+template <class T>
+struct row_io_quad {
+  __device__ __forceinline__ static void load(const T* p, float (&x)[4]) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    T e[4];
+    std::memcpy(e, &v, sizeof v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = to_float(e[i]);
+  }
+  __device__ __forceinline__ static void store(T* p, const float (&x)[4]) {
+    T e[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) e[i] = from_float<T>(x[i]);
+    uint2 v;
+    std::memcpy(&v, e, sizeof v);
+    *reinterpret_cast<uint2*>(p) = v;
+  }
+};
+template <>
+struct row_io<__half, 4> : row_io_quad<__half> {};
+template <>
+struct row_io<__nv_bfloat16, 4> : row_io_quad<__nv_bfloat16> {};
+template <>
+struct row_io<float, 4> {
+  __device__ __forceinline__ static void load(const float* p, float (&x)[4]) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w;
+  }
+  __device__ __forceinline__ static void store(float* p, const float (&x)[4]) {
+    *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
+  }
+};
+
 // 2 elements in one access (4 bytes for fp16/bf16, 8 for fp32): the gradient kernel's rows
 template <class T>
 struct row_io_pair {
@@ -118,78 +152,79 @@ struct dw_params {
   const float* w = nullptr;
   const float* bias = nullptr;
   int batch = 0, tokens = 0, channels = 0;
-  int gb = 1;        // channel groups per block (dw_block_groups)
-  int mirrored = 0;  // 1: dx (read the table at mirrored offsets)
+  int gb = 1;             // channel groups per block (dw_block_groups)
+  int tiles_per_cta = 1;  // token tiles per CTA (dw_apply_split)
+  int mirrored = 0;       // 1: dx (read the table at mirrored offsets)
 };
 
-//! Where the block's channel `cl` (group cl / V, element cl % V) keeps a tap's weight in
-//! dw_apply's ws[tap][.]. V = 8: a group's two 4-float halves lie 4 * k_dw_max_groups floats
-//! apart, so a quarter warp's 16-byte reads of consecutive groups are 128 contiguous bytes, free
-//! of bank conflicts. The plain [group][8] layout made every read a 2-way conflict, and these
-//! reads, 18 a sample per thread, were most of the L1 traffic that bounds the kernel (ncu on an
-//! H100: L1/TEX 84%, DRAM 15%).
-template <int V>
-__device__ __forceinline__ int ws_slot(int cl) {
-  if constexpr (V == 8) return ((cl & 7) >> 2) * (k_dw_max_groups * 4) + (cl >> 3) * 4 + (cl & 3);
-  else return cl;
-}
-
-//! Block (blockIdx.x, blockIdx.y): tokens [x * rows, + rows) x channel groups [y * gb, + gb),
-//! rows = 256 / gb; samples blockIdx.z, + gridDim.z, ...
+//! Block (x, y, z): channel groups [y * gb, + gb) of the token tiles [x * tpc, + tpc) (a tile is
+//! rows = 256 / gb tokens) of samples z, z + gridDim.z, ... (tpc = p.tiles_per_cta, dw_apply_split).
+//! Each thread holds its V channels' 9 x V weights in registers for all its (token, sample) items:
+//! they are read from shared memory once per thread. Read once per item (the kernel before this
+//! one), they were 18 shared-memory reads against 10 row loads, and most of the L1 wavefronts that
+//! bound the kernel (ncu on an H100: L1/TEX 84%, DRAM 15%). Packed per-sample batches (B = 1, all
+//! tokens on one axis) get several tiles per CTA so that the weights are reused there too.
 template <class T, int V>
-__global__ void __launch_bounds__(k_dw_threads) dw_apply(const dw_params p) {
-  __shared__ __align__(16) float ws[k_taps][k_dw_max_groups * 8];  // [tap][ws_slot<V>(channel in block)]
+__global__ void __launch_bounds__(k_dw_threads, 2) dw_apply(const dw_params p) {
+  // the block's weights as [tap][v][group in block]: a warp's reads of one (tap, v) are consecutive
+  // words (conflict-free; the warp's token rows read the same words, a broadcast)
+  __shared__ float ws[k_taps * V * k_dw_max_groups];
   const int groups = p.channels / V, gb = p.gb, rows = k_dw_threads / gb;
   const int g_first = static_cast<int>(blockIdx.y) * gb;
   const int gl = static_cast<int>(threadIdx.x) % gb, r = static_cast<int>(threadIdx.x) / gb;
-  {  // the block's weights, read contiguously ([C, 9] rows of its channels), stored tap-major
+  {  // read contiguously ([C, 9] rows of the block's channels)
     const int c_first = g_first * V, cw = gb * V;
     for (int i = static_cast<int>(threadIdx.x); i < k_taps * cw; i += k_dw_threads) {
       const int cl = i / k_taps, o = i % k_taps;
-      ws[o][ws_slot<V>(cl)] = c_first + cl < p.channels ? __ldg(p.w + static_cast<std::int64_t>(c_first) * k_taps + i) : 0.f;
+      ws[(o * V + cl % V) * k_dw_max_groups + cl / V] =
+          c_first + cl < p.channels ? __ldg(p.w + static_cast<std::int64_t>(c_first) * k_taps + i) : 0.f;
     }
   }
   __syncthreads();  // the only barrier: inactive threads leave after it
-  const int t = static_cast<int>(blockIdx.x) * rows + r, g = g_first + gl;
-  if (r >= rows || t >= p.tokens || g >= groups) return;
+  const int g = g_first + gl;
+  if (r >= rows || g >= groups) return;
   const int c0 = g * V;
+  float w[k_taps][V];
+#pragma unroll
+  for (int o = 0; o < k_taps; ++o)
+#pragma unroll
+    for (int v = 0; v < V; ++v) w[o][v] = ws[(o * V + v) * k_dw_max_groups + gl];
+  float b0[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) b0[v] = p.bias ? __ldg(p.bias + c0 + v) : 0.f;
   const T* in = static_cast<const T*>(p.in);
   const T* res = static_cast<const T*>(p.res);
   T* out = static_cast<T*>(p.out);
-  index_t src[k_taps];
-#pragma unroll
-  for (int o = 0; o < k_taps; ++o) {
-    const index_t s = __ldg(p.nbr + static_cast<std::int64_t>(t) * k_taps + (p.mirrored ? mirror_offset(3, o) : o));
-    src[o] = static_cast<unsigned>(s) < static_cast<unsigned>(p.tokens) ? s : pad_index;
-  }
-  for (int b = static_cast<int>(blockIdx.z); b < p.batch; b += static_cast<int>(gridDim.z)) {
-    float acc[V];
-#pragma unroll
-    for (int v = 0; v < V; ++v) acc[v] = p.bias ? __ldg(p.bias + c0 + v) : 0.f;
-    if (res) {
-      float rv[V];
-      row_io<T, V>::load(res + b * p.in_s0 + t * p.in_s1 + c0, rv);
-#pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] += rv[v];
-    }
+  const std::int64_t t_first = static_cast<std::int64_t>(blockIdx.x) * p.tiles_per_cta * rows + r;
+  const std::int64_t t_end = t_first + static_cast<std::int64_t>(p.tiles_per_cta) * rows;
+  for (std::int64_t tt = t_first; tt < t_end && tt < p.tokens; tt += rows) {
+    const int t = static_cast<int>(tt);
+    index_t src[k_taps];
 #pragma unroll
     for (int o = 0; o < k_taps; ++o) {
-      if (src[o] == pad_index) continue;
-      float x[V];
-      row_io<T, V>::load(in + b * p.in_s0 + src[o] * p.in_s1 + c0, x);
-      float w[V];
-      if constexpr (V == 8) {  // the group's halves, ws_slot<8>
-        const float4 lo = *reinterpret_cast<const float4*>(&ws[o][gl * 4]);
-        const float4 hi = *reinterpret_cast<const float4*>(&ws[o][k_dw_max_groups * 4 + gl * 4]);
-        w[0] = lo.x; w[1] = lo.y; w[2] = lo.z; w[3] = lo.w; w[4] = hi.x; w[5] = hi.y; w[6] = hi.z; w[7] = hi.w;
-      } else {
+      const index_t s = __ldg(p.nbr + static_cast<std::int64_t>(t) * k_taps + (p.mirrored ? mirror_offset(3, o) : o));
+      src[o] = static_cast<unsigned>(s) < static_cast<unsigned>(p.tokens) ? s : pad_index;
+    }
+    for (int b = static_cast<int>(blockIdx.z); b < p.batch; b += static_cast<int>(gridDim.z)) {
+      float acc[V];
 #pragma unroll
-        for (int v = 0; v < V; ++v) w[v] = ws[o][ws_slot<V>(gl * V + v)];
+      for (int v = 0; v < V; ++v) acc[v] = b0[v];
+      if (res) {
+        float rv[V];
+        row_io<T, V>::load(res + b * p.in_s0 + t * p.in_s1 + c0, rv);
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[v] += rv[v];
       }
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] = fmaf(w[v], x[v], acc[v]);
+      for (int o = 0; o < k_taps; ++o) {
+        if (src[o] == pad_index) continue;
+        float x[V];
+        row_io<T, V>::load(in + b * p.in_s0 + src[o] * p.in_s1 + c0, x);
+#pragma unroll
+        for (int v = 0; v < V; ++v) acc[v] = fmaf(w[o][v], x[v], acc[v]);
+      }
+      row_io<T, V>::store(out + b * p.out_s0 + t * p.out_s1 + c0, acc);
     }
-    row_io<T, V>::store(out + b * p.out_s0 + t * p.out_s1 + c0, acc);
   }
 }
 
@@ -350,9 +385,10 @@ cudaError_t launch_dw_apply(dw_params p, cudaStream_t stream) {
   const int groups = p.channels / V;
   p.gb = dw_block_groups(groups);
   const int rows = k_dw_threads / p.gb;
-  const std::int64_t tiles = static_cast<std::int64_t>((p.tokens + rows - 1) / rows) * ((groups + p.gb - 1) / p.gb);
-  const dim3 grid(static_cast<unsigned>((p.tokens + rows - 1) / rows), static_cast<unsigned>((groups + p.gb - 1) / p.gb),
-                  static_cast<unsigned>(dw_apply_grid_z(tiles, p.batch)));
+  const std::int64_t tiles = (p.tokens + rows - 1) / rows, cblocks = (groups + p.gb - 1) / p.gb;
+  const dw_apply_split sp = dw_apply_split_for(tiles, cblocks, p.batch);
+  p.tiles_per_cta = sp.tiles_per_cta;
+  const dim3 grid(static_cast<unsigned>(sp.grid_x), static_cast<unsigned>(cblocks), static_cast<unsigned>(sp.grid_z));
   return launch(dw_apply<T, V>, grid, k_dw_threads, 0, stream, p);
 }
 

@@ -13,8 +13,10 @@
                        of the paths a table with partly visible blocks takes: "(gather +
                        cuBLAS)", the rows gathered then cuBLAS, and "(fused kernels)", the C
                        ABI's gather-GEMM kernels; against the same GEMM in cuBLAS (torch.mm on
-                       [N_out, s*s*C_in] rows; target: >= 60% of its rate) and the dense cuDNN
-                       conv over the full grid (target: faster)
+                       [N_out, s*s*C_in] rows, bf16 weights; target: >= 60% of its rate), the
+                       same GEMM as a mixed-precision layer pays it (F.linear under autocast with
+                       fp32 weight and bias: their casts, the bias, fp32 gradients) and the dense
+                       cuDNN conv over the full grid (target: faster)
 
 On CUDA each callable is captured in a CUDA graph and its replays timed with events (the GPU's
 time, as the trainer's --cuda_graphs runs them); --eager times each call alone, synchronized,
@@ -160,6 +162,17 @@ def main(argv=None) -> int:
                 Wm = torch.randn(k * k * C, co, device=dev, dtype=dt, requires_grad=True)
                 gemm = run(lambda A: A @ Wm, A)
                 emit(op, s, keep, ours, "cuBLAS GEMM", gemm, tflops(ours[0]), tflops(gemm[0]), "TFLOP/s")
+                # the same GEMM as a mixed-precision layer pays it: fp32 weight and bias cast under
+                # autocast (what timm's nn.Linear costs in an AMP step), the gradients back in fp32
+                W32 = torch.randn(co, k * k * C, device=dev, requires_grad=True)
+                b32 = torch.randn(co, device=dev, requires_grad=True)
+
+                def amp_linear(A):
+                    with torch.autocast(dev.type, dtype=dt, enabled=cuda):
+                        return F.linear(A, W32, b32)
+                amp = run(amp_linear, A)
+                emit(op, s, keep, ours, "autocast F.linear (fp32 weight, bias)", amp, tflops(ours[0]), tflops(amp[0]),
+                     "TFLOP/s")
                 gathered = dataclasses.replace(table, reshape=False)     # the path of partly visible blocks
                 via_gather = run(lambda x: greenmim.block_conv(x, gathered, wk, bk), x)
                 emit(op + " (gather + cuBLAS)", s, keep, via_gather, "cuBLAS GEMM", gemm, tflops(via_gather[0]),

@@ -44,19 +44,33 @@ inline dw_grad_split dw_grad_split_for(std::int64_t tokens, std::int64_t batch, 
   }
 }
 
-//! grid.z of the depthwise forward / dx kernel (dw_apply), whose CTAs are `tiles` (token rows x
-//! channel blocks) per sample: each CTA takes the samples z, z + grid.z, ..., so that its fixed
-//! cost (the block's weights staged, its neighbour indices read) is spread over several samples
-//! where there are many CTAs: at least k_dw_apply_min_ctas CTAs stay (or all of tiles x batch),
-//! at most 8 samples per CTA unless grid.z would pass 65535. Shapes only. Requires tiles,
-//! batch >= 1. 256 (was 1024): on an H100 (docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-26f/), 8
-//! samples per CTA ran Twins-L's PEG forward at stages 2-4 1.19-1.36x faster, stage 1 the same.
+//! The grid of the depthwise forward / dx kernel (dw_apply). Its work items are (token tile,
+//! sample) pairs, `tiles` x `batch` for each of `cblocks` channel blocks. Each CTA takes several
+//! items where there are many CTAs, so that its fixed cost (the block's weights staged and held in
+//! registers) is spread: at least k_dw_apply_min_ctas CTAs stay (or one per item), at most 8 items
+//! per CTA unless grid.z would pass 65535. Samples are shared first (a CTA's samples reuse its
+//! neighbour indices), then consecutive tiles (a packed per-sample batch has B = 1 and all its
+//! tokens on one axis). Shapes only. Requires tiles, cblocks, batch >= 1. The minimum of 256 CTAs
+//! (was 1024): on an H100 (docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-26f/), 8 samples per CTA ran
+//! Twins-L's PEG forward at stages 2-4 1.19-1.36x faster, stage 1 the same.
 constexpr std::int64_t k_dw_apply_min_ctas = 256;
-inline int dw_apply_grid_z(std::int64_t tiles, std::int64_t batch) {
-  std::int64_t per = tiles * batch / k_dw_apply_min_ctas;
+struct dw_apply_split {
+  int tiles_per_cta = 1;
+  std::int64_t grid_x = 1;  //!< CTA x takes tiles [x * tiles_per_cta, + tiles_per_cta)
+  int grid_z = 1;           //!< CTA z takes samples z, z + grid_z, ...
+};
+inline dw_apply_split dw_apply_split_for(std::int64_t tiles, std::int64_t cblocks, std::int64_t batch) {
+  constexpr std::int64_t cap = 8 * k_dw_apply_min_ctas;  // items at which per reaches 8 (no overflow)
+  const std::int64_t tc = tiles * cblocks < cap ? tiles * cblocks : cap, bc = batch < cap ? batch : cap;
+  std::int64_t per = tc * bc / k_dw_apply_min_ctas;
   per = per < 1 ? 1 : per > 8 ? 8 : per;
-  const std::int64_t z = (batch + per - 1) / per;
-  return static_cast<int>(z < 65535 ? z : 65535);
+  const std::int64_t pb = per < batch ? per : batch, pt = per / pb;
+  dw_apply_split s;
+  s.tiles_per_cta = static_cast<int>(pt);
+  s.grid_x = (tiles + pt - 1) / pt;
+  const std::int64_t z = (batch + pb - 1) / pb;
+  s.grid_z = static_cast<int>(z < 65535 ? z : 65535);
+  return s;
 }
 
 //! The block conv's gather-GEMM tile (block_conv.cu): 64 x 64 outputs, 16-deep reduction steps.

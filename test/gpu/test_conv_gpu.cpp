@@ -255,9 +255,21 @@ TEST_CASE("gpu depthwise conv (PEG): fwd and bwd vs the CPU reference, vector an
   depthwise_case("shared mask, B 19, C 16", cu3, c3, 16, 19, 16, GM_BFLOAT16, true, rng);
   depthwise_case("shared mask, B 3, C 512", cu3, c3, 16, 3, 512, GM_FLOAT16, true, rng);
   depthwise_case("shared mask, B 9, C 40 (scalar)", cu3, c3, 16, 9, 40, GM_FLOAT32, false, rng);
-  // several samples per CTA in the forward and dx (dw_apply_grid_z): 32 channel groups of 8 per
+  // several samples per CTA in the forward and dx (dw_apply_split_for): 32 channel groups of 8 per
   // block, 8 token rows: ~23 x 1 CTAs per sample x 100 samples > 2 x k_dw_apply_min_ctas
   depthwise_case("shared mask, B 100, C 256 (samples per CTA > 1)", cu3, c3, 16, 100, 256, GM_BFLOAT16, true, rng);
+  // several token tiles per CTA: a packed per-sample batch (B 1, ~6000 tokens), C 256: 8-token
+  // tiles, ~750 of them > 2 x k_dw_apply_min_ctas; C 40 (scalar): 2 channel blocks
+  std::vector<index_t> many, cu4{0};
+  for (int b = 0; b < 40; ++b) {
+    for (index_t h = 0; h < 16; ++h)
+      for (index_t w = 0; w < 16; ++w)
+        if (keep(rng) || keep(rng)) many.push_back(greenmim::pack_coord(h, w));
+    cu4.push_back(static_cast<index_t>(many.size()));
+  }
+  depthwise_case("per-sample, B 1, C 256 (tiles per CTA > 1)", cu4, many, 16, 1, 256, GM_BFLOAT16, true, rng);
+  depthwise_case("per-sample, B 1, C 40 (scalar, tiles per CTA > 1)", cu4, many, 16, 1, 40, GM_FLOAT32, false, rng);
+  depthwise_case("per-sample, B 2, C 64 (tiles per CTA > 1)", cu4, many, 16, 2, 64, GM_FLOAT16, true, rng);
 }
 
 //! dweight and dbias of the depthwise backward with x and dy at `offset` elements into their
@@ -318,25 +330,33 @@ TEST_CASE("gpu depthwise conv: dweight and dbias bits do not depend on the input
   }
 }
 
-TEST_CASE("depthwise forward (host): samples per CTA") {
-  using greenmim::detail::cuda::dw_apply_grid_z;
+TEST_CASE("depthwise forward (host): items per CTA") {
+  using greenmim::detail::cuda::dw_apply_split_for;
   using greenmim::detail::cuda::k_dw_apply_min_ctas;
   std::mt19937_64 rng(fresh_seed());
-  auto check_z = [](std::int64_t tiles, std::int64_t batch) {
-    INFO("tiles " << tiles << " batch " << batch);
-    const std::int64_t z = dw_apply_grid_z(tiles, batch);
-    REQUIRE(z >= 1);
-    CHECK(z <= 65535);
-    CHECK(z <= batch);
-    const std::int64_t per = (batch + z - 1) / z;  // samples of the busiest CTA
-    if (z < 65535) CHECK(per <= 8);
-    CHECK(tiles * z >= std::min<std::int64_t>(k_dw_apply_min_ctas / 2, tiles * batch));  // the GPU stays busy
-    if (batch >= 2 && tiles * batch >= 2 * k_dw_apply_min_ctas) CHECK(per >= 2);  // and CTAs share their cost
+  auto check_split = [](std::int64_t tiles, std::int64_t cblocks, std::int64_t batch) {
+    INFO("tiles " << tiles << " cblocks " << cblocks << " batch " << batch);
+    const auto sp = dw_apply_split_for(tiles, cblocks, batch);
+    REQUIRE(sp.grid_z >= 1);
+    REQUIRE(sp.tiles_per_cta >= 1);
+    CHECK(sp.grid_z <= 65535);
+    CHECK(sp.grid_z <= batch);
+    CHECK(sp.grid_x * sp.tiles_per_cta >= tiles);        // every tile has a CTA ...
+    CHECK((sp.grid_x - 1) * sp.tiles_per_cta < tiles);   // ... and every CTA a tile
+    const std::int64_t samples = (batch + sp.grid_z - 1) / sp.grid_z;  // of the busiest CTA
+    const std::int64_t items = samples * sp.tiles_per_cta;
+    if (sp.grid_z < 65535) CHECK(items <= 8);
+    const double all = static_cast<double>(tiles) * cblocks * batch;
+    CHECK(static_cast<double>(sp.grid_x) * cblocks * sp.grid_z >= std::min<double>(k_dw_apply_min_ctas, all));  // the GPU stays busy
+    if (all >= 2.0 * k_dw_apply_min_ctas) CHECK(items >= 2);  // and CTAs share their fixed cost
+    if (sp.tiles_per_cta > 1) CHECK(samples == batch);        // samples are shared first
   };
-  const std::int64_t shapes[][2] = {{1, 1}, {48, 64}, {8, 64}, {1, 1 << 30}, {100000, 1}, {24, 86}, {3, 65536 * 9}};
-  for (const auto& sh : shapes) check_z(sh[0], sh[1]);
-  std::uniform_int_distribution<std::int64_t> d(1, 1 << 14);
-  for (int i = 0; i < 300; ++i) check_z(d(rng), d(rng));
+  const std::int64_t shapes[][3] = {{1, 1, 1},     {48, 1, 64},       {8, 1, 64},  {1, 1, 1 << 30}, {100000, 1, 1},
+                                    {3136, 1, 1},  {24, 4, 86},       {3, 1, 65536 * 9}, {1 << 27, 65535, 1 << 30},
+                                    {5, 3, 7},     {1000, 2, 3}};
+  for (const auto& sh : shapes) check_split(sh[0], sh[1], sh[2]);
+  std::uniform_int_distribution<std::int64_t> d(1, 1 << 14), c(1, 64);
+  for (int i = 0; i < 300; ++i) check_split(d(rng), c(rng), d(rng));
 }
 
 TEST_CASE("depthwise backward (host): the cut of the dweight reduction") {
