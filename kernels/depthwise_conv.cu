@@ -87,40 +87,6 @@ struct row_io<__half, 8> : row_io16<__half> {};
 template <>
 struct row_io<__nv_bfloat16, 8> : row_io16<__nv_bfloat16> {};
 
-// 4 elements in one access (8 bytes for fp16/bf16, 16 for fp32)
-template <class T>
-struct row_io_quad {
-  __device__ __forceinline__ static void load(const T* p, float (&x)[4]) {
-    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
-    T e[4];
-    std::memcpy(e, &v, sizeof v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) x[i] = to_float(e[i]);
-  }
-  __device__ __forceinline__ static void store(T* p, const float (&x)[4]) {
-    T e[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) e[i] = from_float<T>(x[i]);
-    uint2 v;
-    std::memcpy(&v, e, sizeof v);
-    *reinterpret_cast<uint2*>(p) = v;
-  }
-};
-template <>
-struct row_io<__half, 4> : row_io_quad<__half> {};
-template <>
-struct row_io<__nv_bfloat16, 4> : row_io_quad<__nv_bfloat16> {};
-template <>
-struct row_io<float, 4> {
-  __device__ __forceinline__ static void load(const float* p, float (&x)[4]) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(p));
-    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w;
-  }
-  __device__ __forceinline__ static void store(float* p, const float (&x)[4]) {
-    *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
-  }
-};
-
 // 2 elements in one access (4 bytes for fp16/bf16, 8 for fp32): the gradient kernel's rows
 template <class T>
 struct row_io_pair {
@@ -157,73 +123,111 @@ struct dw_params {
   int mirrored = 0;       // 1: dx (read the table at mirrored offsets)
 };
 
+//! Where the block's channel `cl` (group cl / V, element cl % V) keeps a tap's weight in
+//! dw_apply's ws[tap][.]. V = 8: a group's two 4-float halves lie 4 * k_dw_max_groups floats
+//! apart, so a quarter warp's 16-byte reads of consecutive groups are 128 contiguous bytes, free
+//! of bank conflicts (the plain [group][8] layout made every read a 2-way conflict).
+template <int V>
+__device__ __forceinline__ int ws_slot(int cl) {
+  if constexpr (V == 8) return ((cl & 7) >> 2) * (k_dw_max_groups * 4) + (cl >> 3) * 4 + (cl & 3);
+  else return cl;
+}
+
 //! Block (x, y, z): channel groups [y * gb, + gb) of the token tiles [x * tpc, + tpc) (a tile is
-//! rows = 256 / gb tokens) of samples z, z + gridDim.z, ... (tpc = p.tiles_per_cta, dw_apply_split).
-//! Each thread holds its V channels' 9 x V weights in registers for all its (token, sample) items:
-//! they are read from shared memory once per thread. Read once per item (the kernel before this
-//! one), they were 18 shared-memory reads against 10 row loads, and most of the L1 wavefronts that
-//! bound the kernel (ncu on an H100: L1/TEX 84%, DRAM 15%). Packed per-sample batches (B = 1, all
-//! tokens on one axis) get several tiles per CTA so that the weights are reused there too.
-template <class T, int V>
-__global__ void __launch_bounds__(k_dw_threads, 2) dw_apply(const dw_params p) {
-  // the block's weights as [tap][v][group in block]: a warp's reads of one (tap, v) are consecutive
-  // words (conflict-free; the warp's token rows read the same words, a broadcast)
-  __shared__ float ws[k_taps * V * k_dw_max_groups];
+//! rows = 256 / gb tokens) of samples z, z + gridDim.z, ... (tpc = p.tiles_per_cta,
+//! dw_apply_split). A thread computes U samples of one token at a time (U = 2 where B > 1), so
+//! that each weight read from shared memory serves U rows and U rows are in flight per tap.
+//! The taps' element offsets within a sample are computed once per token (a 64-bit add per tap
+//! and sample, no multiply; 32-bit offsets needed more registers, and spilled). The bias is staged with the weights (the kernel before read
+//! it from global memory, 8 scalar loads, for every sample). Every output is bias (+ x) + taps
+//! 0..8 in order, whatever U or the split. On an H100 (docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-26g/) the
+//! weights held in registers instead (119 registers, 2 CTAs per SM) were 1.1-2x slower: this
+//! kernel is bound by instruction issue and latency, not by its shared-memory reads.
+template <class T, int V, int U>
+__global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply(const dw_params p) {
+  // [tap][ws_slot<V>(channel in block)], and the bias as a 10th row
+  __shared__ __align__(16) float ws[k_taps + 1][k_dw_max_groups * 8];
   const int groups = p.channels / V, gb = p.gb, rows = k_dw_threads / gb;
   const int g_first = static_cast<int>(blockIdx.y) * gb;
   const int gl = static_cast<int>(threadIdx.x) % gb, r = static_cast<int>(threadIdx.x) / gb;
-  {  // read contiguously ([C, 9] rows of the block's channels)
+  {  // the block's weights, read contiguously ([C, 9] rows of its channels), stored tap-major
     const int c_first = g_first * V, cw = gb * V;
     for (int i = static_cast<int>(threadIdx.x); i < k_taps * cw; i += k_dw_threads) {
       const int cl = i / k_taps, o = i % k_taps;
-      ws[(o * V + cl % V) * k_dw_max_groups + cl / V] =
-          c_first + cl < p.channels ? __ldg(p.w + static_cast<std::int64_t>(c_first) * k_taps + i) : 0.f;
+      ws[o][ws_slot<V>(cl)] = c_first + cl < p.channels ? __ldg(p.w + static_cast<std::int64_t>(c_first) * k_taps + i) : 0.f;
     }
+    for (int cl = static_cast<int>(threadIdx.x); cl < cw; cl += k_dw_threads)
+      ws[k_taps][ws_slot<V>(cl)] = p.bias && c_first + cl < p.channels ? __ldg(p.bias + c_first + cl) : 0.f;
   }
   __syncthreads();  // the only barrier: inactive threads leave after it
   const int g = g_first + gl;
   if (r >= rows || g >= groups) return;
   const int c0 = g * V;
-  float w[k_taps][V];
-#pragma unroll
-  for (int o = 0; o < k_taps; ++o)
-#pragma unroll
-    for (int v = 0; v < V; ++v) w[o][v] = ws[(o * V + v) * k_dw_max_groups + gl];
-  float b0[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) b0[v] = p.bias ? __ldg(p.bias + c0 + v) : 0.f;
   const T* in = static_cast<const T*>(p.in);
   const T* res = static_cast<const T*>(p.res);
   T* out = static_cast<T*>(p.out);
+  // tap o's (o = 9: the bias) V weights of this thread's channels
+  auto weights = [&](int o, float (&w)[V]) {
+    if constexpr (V == 8) {  // the group's halves, ws_slot<8>
+      const float4 lo = *reinterpret_cast<const float4*>(&ws[o][gl * 4]);
+      const float4 hi = *reinterpret_cast<const float4*>(&ws[o][k_dw_max_groups * 4 + gl * 4]);
+      w[0] = lo.x; w[1] = lo.y; w[2] = lo.z; w[3] = lo.w; w[4] = hi.x; w[5] = hi.y; w[6] = hi.z; w[7] = hi.w;
+    } else {
+#pragma unroll
+      for (int v = 0; v < V; ++v) w[v] = ws[o][ws_slot<V>(gl * V + v)];
+    }
+  };
+  const int gz = static_cast<int>(gridDim.z);
   const std::int64_t t_first = static_cast<std::int64_t>(blockIdx.x) * p.tiles_per_cta * rows + r;
   const std::int64_t t_end = t_first + static_cast<std::int64_t>(p.tiles_per_cta) * rows;
   for (std::int64_t tt = t_first; tt < t_end && tt < p.tokens; tt += rows) {
     const int t = static_cast<int>(tt);
-    index_t src[k_taps];
+    std::int64_t off[k_taps];  // element offset of tap o's row in a sample, or -1 (no neighbour)
 #pragma unroll
     for (int o = 0; o < k_taps; ++o) {
       const index_t s = __ldg(p.nbr + static_cast<std::int64_t>(t) * k_taps + (p.mirrored ? mirror_offset(3, o) : o));
-      src[o] = static_cast<unsigned>(s) < static_cast<unsigned>(p.tokens) ? s : pad_index;
+      off[o] = static_cast<unsigned>(s) < static_cast<unsigned>(p.tokens) ? s * p.in_s1 + c0 : -1;
     }
-    for (int b = static_cast<int>(blockIdx.z); b < p.batch; b += static_cast<int>(gridDim.z)) {
-      float acc[V];
+    const std::int64_t own = t * p.in_s1 + c0;
+    const std::int64_t out_t = static_cast<std::int64_t>(t) * p.out_s1 + c0;
+    for (int b = static_cast<int>(blockIdx.z); b < p.batch; b += U * gz) {
+      const T* xs[U];
+      bool live[U];
+      float acc[U][V];
+      {
+        float bias[V];
+        weights(k_taps, bias);
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] = b0[v];
-      if (res) {
-        float rv[V];
-        row_io<T, V>::load(res + b * p.in_s0 + t * p.in_s1 + c0, rv);
+        for (int u = 0; u < U; ++u) {
+          live[u] = u == 0 || b + u * gz < p.batch;
+          const std::int64_t bu = live[u] ? b + u * gz : b;
+          xs[u] = in + bu * p.in_s0;
 #pragma unroll
-        for (int v = 0; v < V; ++v) acc[v] += rv[v];
+          for (int v = 0; v < V; ++v) acc[u][v] = bias[v];
+          if (res) {
+            float rv[V];
+            row_io<T, V>::load(res + bu * p.in_s0 + own, rv);
+#pragma unroll
+            for (int v = 0; v < V; ++v) acc[u][v] += rv[v];
+          }
+        }
       }
 #pragma unroll
       for (int o = 0; o < k_taps; ++o) {
-        if (src[o] == pad_index) continue;
-        float x[V];
-        row_io<T, V>::load(in + b * p.in_s0 + src[o] * p.in_s1 + c0, x);
+        if (off[o] < 0) continue;
+        float w[V];
+        weights(o, w);
 #pragma unroll
-        for (int v = 0; v < V; ++v) acc[v] = fmaf(w[o][v], x[v], acc[v]);
+        for (int u = 0; u < U; ++u) {
+          float x[V];
+          row_io<T, V>::load(xs[u] + off[o], x);
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[u][v] = fmaf(w[v], x[v], acc[u][v]);
+        }
       }
-      row_io<T, V>::store(out + b * p.out_s0 + t * p.out_s1 + c0, acc);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (live[u]) row_io<T, V>::store(out + static_cast<std::int64_t>(b + u * gz) * p.out_s0 + out_t, acc[u]);
     }
   }
 }
@@ -389,7 +393,8 @@ cudaError_t launch_dw_apply(dw_params p, cudaStream_t stream) {
   const dw_apply_split sp = dw_apply_split_for(tiles, cblocks, p.batch);
   p.tiles_per_cta = sp.tiles_per_cta;
   const dim3 grid(static_cast<unsigned>(sp.grid_x), static_cast<unsigned>(cblocks), static_cast<unsigned>(sp.grid_z));
-  return launch(dw_apply<T, V>, grid, k_dw_threads, 0, stream, p);
+  return p.batch > sp.grid_z ? launch(dw_apply<T, V, 2>, grid, k_dw_threads, 0, stream, p)  // a CTA has 2 samples or more
+                             : launch(dw_apply<T, V, 1>, grid, k_dw_threads, 0, stream, p);
 }
 
 //! The apply kernel's parameters for `in` -> `out` (x -> y, or dy -> dx through the mirrored table).
