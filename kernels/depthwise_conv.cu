@@ -3,10 +3,11 @@
 //! (docs/sparse-conv.md; neighbour tables from include/greenmim/sparse_conv.hpp, built on the
 //! host). fp32/fp16/bf16 features, fp32 weights and accumulation.
 //! - forward and dx: a block is `rows` tokens x `gb` channel groups of V channels (V = 8: 16-byte
-//!   vectors, C % 8 == 0 and 16-byte aligned rows; else V = 1), gb = min(C / V, 32); it stages
-//!   its channels' 9 weights per channel in shared memory (tap-major), so a thread holds only its 9
-//!   neighbour indices and its accumulators in registers; grid.z walks the batch. dx gathers
-//!   through the mirrored offsets of the forward table (no scatter, no atomics):
+//!   vectors, C % 8 == 0 and 16-byte aligned rows; else V = 1), gb = min(C / V, 32), and walks
+//!   several token tiles and samples (dw_apply_split_for); it stages its channels' 9 weights and
+//!   bias in shared memory (tap-major), so a thread holds only its 9 tap offsets and its
+//!   accumulators in registers, and computes two samples at a time where it has several. dx
+//!   gathers through the mirrored offsets of the forward table (no scatter, no atomics):
 //!   dx[s] = sum_o w[o] dy[nbr[s, 8 - o]] (+ dy[s]).
 //! - dweight and dbias, deterministic: (tokens x samples) is cut into pieces (conv_split.hpp: the
 //!   cut depends on the shapes only); in a piece each thread sums its (9 + 1) x V products (V = 2
