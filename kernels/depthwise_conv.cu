@@ -34,7 +34,6 @@ namespace {
 
 constexpr int k_taps = 9;          // 3 x 3
 constexpr int k_dw_threads = 256;
-constexpr int k_dw_max_groups = 32;  // channel groups per block (at most)
 constexpr int k_red_threads = 256;
 
 //! Channel groups per block for `groups` groups of channels: all of them up to 32.

@@ -23,15 +23,39 @@ struct dw_grad_split {
 //! workspace stays <= 10 * 4 * k_dw_max_part_floats bytes = 40 MiB whatever the shape.
 constexpr std::int64_t k_dw_max_part_floats = std::int64_t(1) << 20;
 
-//! 32 tokens x 8 samples per piece, doubled (samples first, then tokens) until the number of
-//! pieces times C is at most k_dw_max_part_floats and both grid extents are at most 65535.
-//! Requires tokens, batch, channels >= 1.
+//! Channel groups per CTA of the depthwise kernels, at most (dw_block_groups in depthwise_conv.cu).
+constexpr int k_dw_max_groups = 32;
+
+//! The dweight kernel's CTAs for one piece: its channel blocks, pairs of channels in blocks of up
+//! to k_dw_max_groups (from C alone, whatever the path's vector width).
+inline std::int64_t dw_grad_channel_blocks(std::int64_t channels) {
+  const std::int64_t pairs = (channels + 1) / 2, gb = pairs < k_dw_max_groups ? pairs : k_dw_max_groups;
+  return (pairs + gb - 1) / gb;
+}
+
+//! The cut aims at about this many CTAs of the dweight kernel (pieces x channel blocks): one wave
+//! at 3 CTAs per SM on an H100 (80 registers, 256 threads). On an H100 at Twins-L's shapes
+//! (docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-26g/, call 5) the kernel was fastest with 256-400 CTAs
+//! and up to 2x slower with 1536-3072 (more pieces than work) or 96-192 (too few CTAs). A constant,
+//! not the device's SM count, so that the cut, and the sums' bits, are the same on every GPU.
+constexpr std::int64_t k_dw_grad_target_ctas = 384;
+
+//! Pieces of 32 tokens x 1 sample, doubled (samples up to 8 first, then tokens; samples again once
+//! one tile holds every token) while the CTAs are more than 10% above k_dw_grad_target_ctas, the
+//! pieces times C above k_dw_max_part_floats, or a grid extent above 65535. A function of the
+//! shapes only. Requires tokens, batch, channels >= 1.
 inline dw_grad_split dw_grad_split_for(std::int64_t tokens, std::int64_t batch, std::int64_t channels) {
   const std::int64_t cap = k_dw_max_part_floats / channels > 0 ? k_dw_max_part_floats / channels : 1;
-  std::int64_t tile = 32, chunk = 8;
+  const std::int64_t cb = dw_grad_channel_blocks(channels);
+  std::int64_t tile = 32, chunk = 1;
   for (;;) {
     const std::int64_t tiles = (tokens + tile - 1) / tile, chunks = (batch + chunk - 1) / chunk;
-    if ((tiles * chunks <= cap && tiles <= 65535 && chunks <= 65535) || (tiles == 1 && chunks == 1)) {
+    const std::int64_t parts = tiles * chunks;
+    // parts x cb CTAs at most 10% above the target (no product: parts may be near 2^57); where one
+    // piece's channel blocks alone pass it, any cut is few enough
+    const std::int64_t limit = k_dw_grad_target_ctas * 11 / 10;
+    const bool few = cb >= limit || parts <= limit / cb;
+    if ((few && parts <= cap && tiles <= 65535 && chunks <= 65535) || (tiles == 1 && chunks == 1)) {
       dw_grad_split s;
       s.tile = static_cast<int>(tile < tokens ? tile : tokens);
       s.chunk = static_cast<int>(chunk < batch ? chunk : batch);
@@ -39,7 +63,7 @@ inline dw_grad_split dw_grad_split_for(std::int64_t tokens, std::int64_t batch, 
       s.chunks = static_cast<int>(chunks);
       return s;
     }
-    if (chunks > 1) chunk *= 2;
+    if ((chunk < 8 && chunks > 1) || tiles == 1) chunk *= 2;
     else tile *= 2;
   }
 }

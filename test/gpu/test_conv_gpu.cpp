@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -360,11 +361,15 @@ TEST_CASE("depthwise forward (host): items per CTA") {
 }
 
 TEST_CASE("depthwise backward (host): the cut of the dweight reduction") {
+  using greenmim::detail::cuda::dw_grad_channel_blocks;
   using greenmim::detail::cuda::dw_grad_split_for;
+  using greenmim::detail::cuda::k_dw_grad_target_ctas;
+  using greenmim::detail::cuda::k_dw_max_part_floats;
   std::mt19937_64 rng(fresh_seed());
   const std::int64_t shapes[][3] = {{1, 1, 1},          {784, 64, 128},        {13, 64, 1024},
                                     {2097120, 1, 8},    {100000, 4096, 1024},  {3, 1 << 20, 1},
-                                    {2000000, 2000, 2048}, {1, 1, 2097120}};
+                                    {2000000, 2000, 2048}, {1, 1, 2097120},    {49152, 1, 128},
+                                    {1 << 26, 1 << 30, 3}, {40, 3, 2097120}};
   auto check_split = [](std::int64_t N, std::int64_t B, std::int64_t C) {
     INFO("N " << N << " B " << B << " C " << C);
     const auto s = dw_grad_split_for(N, B, C);
@@ -376,16 +381,30 @@ TEST_CASE("depthwise backward (host): the cut of the dweight reduction") {
     CHECK(static_cast<std::int64_t>(s.chunks - 1) * s.chunk < B);
     CHECK(s.tiles <= 65535);
     CHECK(s.chunks <= 65535);
-    CHECK((s.parts() * C <= greenmim::detail::cuda::k_dw_max_part_floats || s.parts() == 1));
+    CHECK((s.parts() * C <= k_dw_max_part_floats || s.parts() == 1));
+    // about the target's CTAs: not many more (unless one piece's channel blocks pass it) ...
+    const double ctas = static_cast<double>(s.parts()) * static_cast<double>(dw_grad_channel_blocks(C));
+    const double limit = static_cast<double>(k_dw_grad_target_ctas) * 1.1;
+    if (dw_grad_channel_blocks(C) < k_dw_grad_target_ctas) CHECK((ctas <= limit || s.parts() == 1));
+    // ... and not far fewer, unless the finest cut (32 tokens x 1 sample) has fewer, or the
+    // workspace cap or a grid extent forced the merge
+    const double finest = std::ceil(N / 32.0) * static_cast<double>(B) * static_cast<double>(dw_grad_channel_blocks(C));
+    const bool forced = 2.0 * static_cast<double>(s.parts()) * C > static_cast<double>(k_dw_max_part_floats) ||
+                        2 * static_cast<std::int64_t>(s.tiles) > 65535 || 2 * static_cast<std::int64_t>(s.chunks) > 65535;
+    if (!forced) CHECK(ctas >= std::min(finest, limit / 2.0 / 1.1));
   };
   for (const auto& sh : shapes) check_split(sh[0], sh[1], sh[2]);
   std::uniform_int_distribution<std::int64_t> n(1, 1 << 22), b(1, 1 << 14), c(1, 1 << 12);
   for (int i = 0; i < 200; ++i) check_split(n(rng), b(rng), c(rng));
-  // Twins-L stage 1 at batch 64: 25 tiles x 8 chunks of the default 32 x 8
-  const auto s = dw_grad_split_for(784, 64, 128);
-  CHECK(s.tile == 32);
-  CHECK(s.chunk == 8);
-  CHECK(s.parts() == 25 * 8);
+  std::uniform_int_distribution<std::int64_t> n2(1, 1 << 16), b2(1, 128), c2(1, 2048);
+  for (int i = 0; i < 500; ++i) check_split(n2(rng), b2(rng), c2(rng));
+  // Twins-L at 25% visible (docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-26g/, call 5): the cuts measured
+  // fastest, per-sample (B = 1: 49152 tokens at stage 1) and with a shared mask (batch 64)
+  CHECK(dw_grad_split_for(49152, 1, 128).tile == 256);
+  CHECK(dw_grad_split_for(12288, 1, 256).tile == 128);
+  const auto sh = dw_grad_split_for(768, 64, 128);
+  CHECK(sh.tile == 32);
+  CHECK(sh.chunk == 8);
 }
 
 TEST_CASE("gpu block conv (kernel = stride): fwd and bwd vs the CPU reference") {
