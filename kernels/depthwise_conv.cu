@@ -349,7 +349,9 @@ cudaError_t check_dw_args(const gm_depthwise_conv_args* a, bool backward) {
   GM_REFUSE_IF(a->x.rank != 3, "x must have rank 3");
   const std::int64_t B = a->x.extent[0], N = a->x.extent[1], C = a->x.extent[2];
   GM_REFUSE_IF(B < 0 || N < 0 || C < 0, "negative extent");
-  GM_REFUSE_IF(N > 0x7fffffff / k_taps || C > 0x7fffffff / (k_taps + 1) || B > 0x7fffffff, "extents too large");
+  // B < 2^30: the forward's sample index b + grid.z (grid.z <= 65535) stays an int
+  GM_REFUSE_IF(N > 0x7fffffff / k_taps || C > 0x7fffffff / (k_taps + 1) || B >= (std::int64_t(1) << 30),
+               "extents too large (B < 2^30, N <= 238,609,294)");
   GM_REFUSE_IF(C > 65535LL * k_dw_max_groups, "too many channels (C > 2,097,120)");
   const std::size_t es = dtype_bytes(a->dtype);
   const std::int64_t e[3] = {B, N, C};

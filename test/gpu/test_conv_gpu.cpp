@@ -691,6 +691,14 @@ TEST_CASE("gpu conv entry points refuse bad arguments before launching") {
     CHECK(gm_depthwise_conv_fwd_can_implement(&big) == cudaErrorInvalidValue);
     CHECK(std::string(gm_last_refusal()).find("too many channels") != std::string::npos);
   }
+  {  // 2^30 samples (x's sample stride 0: no memory behind them): the forward's sample index
+    // b + grid.z could pass int range
+    gm_depthwise_conv_args big = a;
+    big.x = make_tensor(p, {std::int64_t(1) << 30, 2, 4}, {0, 4, 1});
+    big.y = make_tensor(p + 16, {std::int64_t(1) << 30, 2, 4}, {8, 4, 1});
+    CHECK(gm_depthwise_conv_fwd_can_implement(&big) == cudaErrorInvalidValue);
+    CHECK(std::string(gm_last_refusal()).find("B < 2^30") != std::string::npos);
+  }
   {  // s = 1, C_in = 2^31 - 8: s*s*C_in + 1 (the dbias column) fits an int, rounded up to 8 not
     gm_block_conv_args big = b;
     big.stride = 1;
