@@ -176,8 +176,8 @@ TEST_CASE("encoder plan equals the general builders (random masks, geometries, c
 
 // The arena's partitions are written as blocks of 8 or 16 entries that may pass a run's end
 // (overwritten later), entry by entry near each array's end, and one entry at a time for windows
-// above 16 (encoder_plan.hpp, row_partitioner::write): large batches put many groups and rows on
-// the block path and windows of every size class on theirs.
+// above 16 (detail/window_partitioners.hpp, row_partitioner::write): large batches put many
+// groups and rows on the block path and windows of every size class on theirs.
 TEST_CASE("encoder plan: large per-sample batches and windows above 16 equal the general builders") {
   std::mt19937_64 rng(20261126);
   struct geo_case {

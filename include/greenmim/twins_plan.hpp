@@ -35,8 +35,8 @@
 //! The tables are those of the general builders (windows.hpp, planner.hpp, partition.hpp,
 //! sparse_conv.hpp) on the tokens in this order, block tables' outputs put into it, laid out one
 //! after the other; test_twins_plan.cpp checks the arena against them. The LSA partition is built
-//! as encoder_plan.hpp builds Swin's (its window_partitioner), without the general builders'
-//! validation of lists that are valid by construction.
+//! by detail/window_partitioners.hpp's window_partitioner, as encoder_plan.hpp builds Swin's,
+//! without the general builders' validation of lists that are valid by construction.
 #pragma once
 
 #include <algorithm>
