@@ -255,12 +255,15 @@ TEST_CASE("gpu depthwise conv (PEG): fwd and bwd vs the CPU reference, vector an
   const std::vector<index_t> cu3{0, static_cast<index_t>(c3.size())};
   depthwise_case("shared mask, B 19, C 16", cu3, c3, 16, 19, 16, GM_BFLOAT16, true, rng);
   depthwise_case("shared mask, B 3, C 512", cu3, c3, 16, 3, 512, GM_FLOAT16, true, rng);
-  depthwise_case("shared mask, B 9, C 40 (scalar)", cu3, c3, 16, 9, 40, GM_FLOAT32, false, rng);
+  depthwise_case("shared mask, B 9, C 40 (5 groups of 8)", cu3, c3, 16, 9, 40, GM_FLOAT32, false, rng);
   // several samples per CTA in the forward and dx (dw_apply_split_for): 32 channel groups of 8 per
   // block, 8 token rows: ~23 x 1 CTAs per sample x 100 samples > 2 x k_dw_apply_min_ctas
   depthwise_case("shared mask, B 100, C 256 (samples per CTA > 1)", cu3, c3, 16, 100, 256, GM_BFLOAT16, true, rng);
+  // two samples per iteration (U = 2) on the scalar path and on fp32's two 16-byte halves
+  depthwise_case("shared mask, B 100, C 36 (scalar, samples per CTA > 1)", cu3, c3, 16, 100, 36, GM_FLOAT32, true, rng);
+  depthwise_case("shared mask, B 64, C 128 (fp32, samples per CTA > 1)", cu3, c3, 16, 64, 128, GM_FLOAT32, false, rng);
   // several token tiles per CTA: a packed per-sample batch (B 1, ~6000 tokens), C 256: 8-token
-  // tiles, ~750 of them > 2 x k_dw_apply_min_ctas; C 40 (scalar): 2 channel blocks
+  // tiles, ~750 of them > 2 x k_dw_apply_min_ctas; C 36 (scalar): 2 channel blocks
   std::vector<index_t> many, cu4{0};
   for (int b = 0; b < 40; ++b) {
     for (index_t h = 0; h < 16; ++h)
@@ -269,7 +272,7 @@ TEST_CASE("gpu depthwise conv (PEG): fwd and bwd vs the CPU reference, vector an
     cu4.push_back(static_cast<index_t>(many.size()));
   }
   depthwise_case("per-sample, B 1, C 256 (tiles per CTA > 1)", cu4, many, 16, 1, 256, GM_BFLOAT16, true, rng);
-  depthwise_case("per-sample, B 1, C 40 (scalar, tiles per CTA > 1)", cu4, many, 16, 1, 40, GM_FLOAT32, false, rng);
+  depthwise_case("per-sample, B 1, C 36 (scalar, tiles per CTA > 1)", cu4, many, 16, 1, 36, GM_FLOAT32, false, rng);
   depthwise_case("per-sample, B 2, C 64 (tiles per CTA > 1)", cu4, many, 16, 2, 64, GM_FLOAT16, true, rng);
 }
 
