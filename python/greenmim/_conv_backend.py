@@ -160,21 +160,53 @@ def _gemm_path(x: Tensor, fused: bool) -> bool:
     return x.device.type == "cuda" and not fused
 
 
+def _w_prime_view(w4: Tensor, morton: bool) -> Tensor:
+    """``w4`` ``[C_out, C_in, s, s]`` as a view in W''s element order, ``[C_out, taps.., C_in]``:
+    the taps row-major, or in Morton order (a view and a permute of the bit axes). Writable when
+    ``w4`` is: the weight's gradient is written through it."""
+    Co, C, s, _ = w4.shape
+    w = w4.permute(0, 2, 3, 1)                                       # [C_out, i, j, C_in]
+    b = s.bit_length() - 1
+    if morton and b > 1:                                             # 2x2: Morton order is row-major
+        w = w.reshape(Co, *([2] * b), *([2] * b), C)                 # a view: i's bits, then j's, high first
+        w = w.permute(0, *(d for k in range(b) for d in (1 + k, 1 + b + k)), 1 + 2 * b)
+    return w
+
+
+class _WPrime(torch.autograd.Function):
+    """W' from the weight in one copy (permute and cast), and the weight's gradient back in one
+    copy: autograd's own backward of the copy made two (the cast to the weight's dtype in W''s
+    order, then AccumulateGrad's clone into the weight's layout)."""
+
+    @staticmethod
+    def forward(weight: Tensor, dtype: torch.dtype, morton: bool) -> Tensor:
+        Co, C, s, _ = weight.shape
+        out = torch.empty((Co, s * s * C), dtype=dtype, device=weight.device)
+        w = _w_prime_view(weight, morton)
+        out.view(w.shape).copy_(w)
+        return out
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        weight, _, morton = inputs
+        ctx.shape, ctx.wdtype, ctx.morton = weight.shape, weight.dtype, morton
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        gw = torch.empty(ctx.shape, dtype=ctx.wdtype, device=g.device)  # the weight's layout
+        v = _w_prime_view(gw, ctx.morton)
+        v.copy_(g.reshape(v.shape))
+        return gw, None, None
+
+
 def w_prime(weight: Tensor, dtype: Optional[torch.dtype] = None, morton: bool = False) -> Tensor:
     """W' [C_out, s*s*C_in] in ``dtype`` (default: the weight's): column p*C_in + c holds
     weight[o, c, tap p], the taps row-major, or with ``morton`` (s a power of two) in Morton order,
     tap (i, j)'s bits interleaved i_{b-1} j_{b-1} .. i_0 j_0 (a view and a permute of the bit axes:
     no index tensor, so CUDA graphs capture it). One copy that permutes and casts (a cast, then a
-    permuting reshape, would be two kernels); differentiable in ``weight``."""
-    Co, C, s, _ = weight.shape
-    w = weight.permute(0, 2, 3, 1)                                   # [C_out, i, j, C_in]
-    b = s.bit_length() - 1
-    if morton and b > 1:                                             # 2x2: Morton order is row-major
-        w = w.reshape(Co, *([2] * b), *([2] * b), C)                 # a view: i's bits, then j's, high first
-        w = w.permute(0, *(d for k in range(b) for d in (1 + k, 1 + b + k)), 1 + 2 * b)
-    out = torch.empty((Co, s * s * C), dtype=dtype or weight.dtype, device=weight.device)
-    out.view(w.shape).copy_(w)
-    return out
+    permuting reshape, would be two kernels); differentiable in ``weight``, whose gradient comes
+    back in one copy too, contiguous in the weight's layout (``_WPrime``)."""
+    return _WPrime.apply(weight, dtype or weight.dtype, morton)
 
 
 def _copy_rows(fn: str, x: Tensor, y: Tensor, index: Tensor, group_size: int) -> None:

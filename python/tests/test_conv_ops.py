@@ -285,6 +285,45 @@ def test_block_conv_reshape_path_under_autocast_and_a_false_claim():
     torch.testing.assert_close(got64, greenmim.block_conv(x64, t, w64, b64, algo="reference"))
 
 
+def test_w_prime_gradient_is_one_copy_in_the_weights_layout():
+    """W''s backward writes the weight's gradient in one copy, contiguous in the weight's layout
+    (autograd's own backward of the permuting cast made two: a cast in W''s order, then
+    AccumulateGrad's clone into the weight's strides), with the values of the plain permute."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from greenmim._conv_backend import w_prime
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    for s, morton in ((1, False), (2, True), (4, True), (8, True), (3, False)):
+        w = torch.randn(6, 5, s, s, requires_grad=True)
+        wp = w_prime(w, torch.bfloat16, morton=morton)
+        r = torch.randn(wp.shape, dtype=torch.bfloat16)
+        with Ops() as ops:
+            torch.autograd.backward(wp, r)
+        copies = [n for n in ops.names if "copy" in n or "clone" in n]
+        assert len(copies) == 1, ops.names
+        assert w.grad.is_contiguous() and w.grad.dtype == torch.float32
+        # the plain path's gradient: the same permutation, autograd's copies
+        w2 = w.detach().clone().requires_grad_(True)
+        v = w2.permute(0, 2, 3, 1)
+        if morton and s > 2:
+            b = s.bit_length() - 1
+            v = v.reshape(6, *([2] * b), *([2] * b), 5).permute(0, *(d for k in range(b) for d in (1 + k, 1 + b + k)),
+                                                              1 + 2 * b)
+        v.reshape(6, -1).to(torch.bfloat16).backward(r)
+        assert torch.equal(w.grad, w2.grad)
+    w64 = torch.randn(3, 2, 4, 4, dtype=D, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda w: w_prime(w, morton=True), (w64,))
+    assert torch.autograd.gradgradcheck(lambda w: w_prime(w, morton=True), (w64,))
+
+
 def test_reshape_path_weight_order_and_no_host_tensors():
     """W' of the reshape path has tap (i, j) at Morton rank (i, j) for every power-of-two stride,
     and the path makes no tensor from host data (lift_fresh: torch.tensor of a list), which a CUDA
