@@ -141,6 +141,8 @@ fi
 GM_CONV_BENCH="$BUILD_DIR/bin/greenmim_conv_gpu_bench"
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ -x "$GM_CONV_BENCH" ]; then
   run_step "conv gpu bench" "$GM_LOG/conv_bench.log" "$GM_CONV_BENCH" --batch 64
+  # the trainer's layout: a mask per sample, every sample's tokens on one axis (B = 1)
+  run_step "conv gpu bench, per-sample" "$GM_LOG/conv_bench_per_sample.log" "$GM_CONV_BENCH" --batch 64 --per-sample
 fi
 
 # ---- Python steps ---------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 // greenmim_conv_gpu_bench: times the convolutions on visible tokens (kernels/conv.cu) at Twins-L
-// shapes (224 px, mask ratio 0.75, one shared mask, batch 64 by default): PEG (depthwise 3x3,
+// shapes (224 px, mask ratio 0.75, batch 64 by default; one shared mask, or with --per-sample a mask
+// per sample packed on one token axis, B = 1, as the package's trainer runs them; tokens block-major
+// as greenmim.plan_twins orders them): PEG (depthwise 3x3,
 // forward and backward with dweight/dbias) at stages 1-4, GSA sub-sampling (block conv sr 8/4/2,
 // C -> C) at stages 1-3 and patch embedding (block conv s 2, C_i -> C_{i+1}) between stages,
 // forward and backward. Per row: median time (cudaEvent around each launch queued behind a 50 us
@@ -10,7 +12,7 @@
 // (dA = dY W', dW = dY^T A in fp32), and `ratio` rows: cuBLAS's time / ours (1.0 = cuBLAS's rate).
 //
 // Usage: greenmim_conv_gpu_bench [--batch 64] [--reps 20] [--warmup 3] [--dtype bf16|fp16|fp32]
-//                                [--seed 0]
+//                                [--seed 0] [--per-sample]
 // Figures: docs/perf/NVIDIA_H200_* (run by bench/gpu/run.sh); on the CPU emulator it runs at toy
 // sizes as a harness check (ctest conv_gpu_bench_emulated), where timings mean nothing.
 #include <cuda_runtime_api.h>
@@ -31,6 +33,7 @@
 #include <greenmim/random_masks.hpp>
 #include <greenmim/models.hpp>
 #include <greenmim/sparse_conv.hpp>
+#include <greenmim/twins_plan.hpp>
 
 #include "../bench_util.hpp"
 
@@ -105,6 +108,7 @@ struct cublas_peer {
 int main(int argc, char** argv) {
   int batch = 64, reps = 20, warmup = 3;
   std::uint64_t seed = 0;
+  bool per_sample = false;
   gm_dtype dt = GM_BFLOAT16;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -116,6 +120,7 @@ int main(int argc, char** argv) {
     else if (a == "--reps") reps = std::atoi(next().c_str());
     else if (a == "--warmup") warmup = std::atoi(next().c_str());
     else if (a == "--seed") seed = std::strtoull(next().c_str(), nullptr, 10);
+    else if (a == "--per-sample") per_sample = true;
     else if (a == "--dtype") {
       const std::string d = next();
       dt = d == "fp32" ? GM_FLOAT32 : d == "fp16" ? GM_FLOAT16 : d == "bf16" ? GM_BFLOAT16 : static_cast<gm_dtype>(-1);
@@ -125,23 +130,36 @@ int main(int argc, char** argv) {
   if (batch < 1 || reps < 1 || warmup < 0) { std::fprintf(stderr, "--batch, --reps >= 1, --warmup >= 0\n"); return 2; }
   const greenmim::twins_shape& m = *greenmim::find_twins_model("twins-l");
   greenmim::mask_config cfg;
-  const auto units = greenmim::random_mask(cfg, seed, 0);
+  const int masks = per_sample ? batch : 1;
+  std::vector<std::vector<std::uint8_t>> units;
+  for (int b = 0; b < masks; ++b) units.push_back(greenmim::random_mask(cfg, seed, static_cast<std::uint64_t>(b)));
   const double es = static_cast<double>(gm_dtype_size(dt));
-  std::printf("greenmim_conv_gpu_bench: twins-l, %s, batch %d, shared mask (seed %llu), median of %d\n",
-              gm_dtype_name(dt), batch, static_cast<unsigned long long>(seed), reps);
+  std::printf("greenmim_conv_gpu_bench: twins-l, %s, batch %d, %s (seed %llu), tokens block-major, median of %d\n",
+              gm_dtype_name(dt), batch, per_sample ? "a mask per sample, packed (B = 1)" : "shared mask",
+              static_cast<unsigned long long>(seed), reps);
   std::printf("%-16s %5s %6s %7s %6s %6s %10s %10s %10s\n", "op", "stage", "B", "N", "C", "C_out", "ms", "GB/s",
               "GFLOP/s");
-  const std::int64_t B = batch;
+  const std::int64_t B = per_sample ? 1 : batch;  // the packed layout: every sample's tokens on one axis
 #ifdef GM_BENCH_HAVE_CUBLAS
   cublas_peer peer;
 #endif
   for (int s = 0; s < 4; ++s) {
-    std::vector<index_t> coords;
-    greenmim::check(greenmim::visible_coords(greenmim::span<const std::uint8_t>(units), cfg.grid(), m.grid(s), coords));
+    // each sample's visible tokens in block-major order (the last stage's cells row-major, Z order
+    // inside), as greenmim.plan_twins orders them
+    const index_t side = m.grid(s), f = index_t{1} << (3 - s), per_unit = side / cfg.grid();
+    std::vector<index_t> cells, coords, cu{0};
+    greenmim::block_major_cells(side, f, cells);
+    for (const auto& u : units) {
+      for (index_t c : cells)
+        if (u[static_cast<std::size_t>((greenmim::coord_h(c) / per_unit) * cfg.grid() + greenmim::coord_w(c) / per_unit)])
+          coords.push_back(c);
+      cu.push_back(static_cast<index_t>(coords.size()));
+    }
     const std::int64_t N = static_cast<std::int64_t>(coords.size()), C = m.channels[s];
+    const greenmim::span<const index_t> cus(cu), cs(coords);
     // PEG
     greenmim::neighbor_table nt;
-    greenmim::check(greenmim::build_neighbor_table(m.grid(s), m.grid(s), 3, greenmim::span<const index_t>(coords), nt));
+    greenmim::check(greenmim::build_neighbor_table_per_sample(side, side, 3, cus, cs, nt));
     dmem nbr = upload(nt.nbr);
     dmem x = random_buffer(static_cast<std::size_t>(B * N * C), dt, seed + 1), y(static_cast<std::size_t>(B * N * C * es));
     dmem dy = random_buffer(static_cast<std::size_t>(B * N * C), dt, seed + 2), dx(static_cast<std::size_t>(B * N * C * es));
@@ -174,7 +192,7 @@ int main(int argc, char** argv) {
       if (k <= 1 || (which == 1 && s == 3)) continue;
       const std::int64_t Co = which == 0 ? C : m.channels[s + 1];
       greenmim::block_table bt;
-      greenmim::check(greenmim::build_block_table(m.grid(s), m.grid(s), k, greenmim::span<const index_t>(coords), bt));
+      greenmim::check(greenmim::build_block_table_per_sample(side, side, k, cus, cs, bt));
       const std::int64_t Nn = bt.num_outputs();
       dmem gather = upload(bt.gather);
       dmem by(static_cast<std::size_t>(B * Nn * Co * es));
