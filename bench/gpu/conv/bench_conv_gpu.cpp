@@ -32,7 +32,6 @@
 
 #include <greenmim/random_masks.hpp>
 #include <greenmim/models.hpp>
-#include <greenmim/sparse_conv.hpp>
 #include <greenmim/twins_plan.hpp>
 
 #include "../bench_util.hpp"
@@ -131,8 +130,20 @@ int main(int argc, char** argv) {
   const greenmim::twins_shape& m = *greenmim::find_twins_model("twins-l");
   greenmim::mask_config cfg;
   const int masks = per_sample ? batch : 1;
-  std::vector<std::vector<std::uint8_t>> units;
-  for (int b = 0; b < masks; ++b) units.push_back(greenmim::random_mask(cfg, seed, static_cast<std::uint64_t>(b)));
+  std::vector<std::uint8_t> units;  // [masks, 7, 7]
+  for (int b = 0; b < masks; ++b) {
+    const auto u = greenmim::random_mask(cfg, seed, static_cast<std::uint64_t>(b));
+    units.insert(units.end(), u.begin(), u.end());
+  }
+  // the tables greenmim.plan_twins makes (tokens block-major): the PEG's neighbours, GSA's keys and
+  // the patch embeddings, per stage, in one arena
+  greenmim::twins_plan plan;
+  greenmim::twins_planner planner;
+  greenmim::check(planner.run(greenmim::span<const std::uint8_t>(units), masks, cfg.grid(), cfg.grid(), per_sample,
+                              greenmim::twins_geometry{}, greenmim::encoder_plan_options{}, plan));
+  auto table = [&](const greenmim::arena_range& r) {
+    return std::vector<index_t>(plan.arena.begin() + r.offset, plan.arena.begin() + r.offset + r.size);
+  };
   const double es = static_cast<double>(gm_dtype_size(dt));
   std::printf("greenmim_conv_gpu_bench: twins-l, %s, batch %d, %s (seed %llu), tokens block-major, median of %d\n",
               gm_dtype_name(dt), batch, per_sample ? "a mask per sample, packed (B = 1)" : "shared mask",
@@ -144,23 +155,11 @@ int main(int argc, char** argv) {
   cublas_peer peer;
 #endif
   for (int s = 0; s < 4; ++s) {
-    // each sample's visible tokens in block-major order (the last stage's cells row-major, Z order
-    // inside), as greenmim.plan_twins orders them
-    const index_t side = m.grid(s), f = index_t{1} << (3 - s), per_unit = side / cfg.grid();
-    std::vector<index_t> cells, coords, cu{0};
-    greenmim::block_major_cells(side, f, cells);
-    for (const auto& u : units) {
-      for (index_t c : cells)
-        if (u[static_cast<std::size_t>((greenmim::coord_h(c) / per_unit) * cfg.grid() + greenmim::coord_w(c) / per_unit)])
-          coords.push_back(c);
-      cu.push_back(static_cast<index_t>(coords.size()));
-    }
-    const std::int64_t N = static_cast<std::int64_t>(coords.size()), C = m.channels[s];
-    const greenmim::span<const index_t> cus(cu), cs(coords);
+    const greenmim::twins_stage& st = plan.stages[static_cast<std::size_t>(s)];
+    const std::int64_t N = st.num_tokens, C = m.channels[s];
     // PEG
-    greenmim::neighbor_table nt;
-    greenmim::check(greenmim::build_neighbor_table_per_sample(side, side, 3, cus, cs, nt));
-    dmem nbr = upload(nt.nbr);
+    const std::vector<index_t> nbr_table = table(st.neighbors);
+    dmem nbr = upload(nbr_table);
     dmem x = random_buffer(static_cast<std::size_t>(B * N * C), dt, seed + 1), y(static_cast<std::size_t>(B * N * C * es));
     dmem dy = random_buffer(static_cast<std::size_t>(B * N * C), dt, seed + 2), dx(static_cast<std::size_t>(B * N * C * es));
     dmem w = random_buffer(static_cast<std::size_t>(C * 9), GM_FLOAT32, seed + 3), bias = random_buffer(static_cast<std::size_t>(C), GM_FLOAT32, seed + 4);
@@ -191,10 +190,9 @@ int main(int argc, char** argv) {
       const index_t k = which == 0 ? m.sr_ratios[s] : 2;
       if (k <= 1 || (which == 1 && s == 3)) continue;
       const std::int64_t Co = which == 0 ? C : m.channels[s + 1];
-      greenmim::block_table bt;
-      greenmim::check(greenmim::build_block_table_per_sample(side, side, k, cus, cs, bt));
-      const std::int64_t Nn = bt.num_outputs();
-      dmem gather = upload(bt.gather);
+      const std::vector<index_t> bt = table(which == 0 ? st.keys : st.embed);
+      const std::int64_t Nn = static_cast<std::int64_t>(bt.size()) / (k * k);
+      dmem gather = upload(bt);
       dmem by(static_cast<std::size_t>(B * Nn * Co * es));
       dmem bdy = random_buffer(static_cast<std::size_t>(B * Nn * Co), dt, seed + 5);
       dmem bw = random_buffer(static_cast<std::size_t>(Co * C * k * k), GM_FLOAT32, seed + 6);
