@@ -5,6 +5,7 @@ the CUDA path on the emulator against the CPU; bad input refused with the librar
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import greenmim
 from greenmim import GreenmimError
@@ -185,6 +186,18 @@ def test_block_conv_gemm_path_equals_reference(holes, kernels):
                 torch.testing.assert_close(a.double(), e, **tol)
 
 
+class _OpNames(TorchDispatchMode):
+    """Records the name of every op dispatched inside it (``.names``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
 def _twins_mask(units, batch, gen):
     """A Twins plan's mask: 32 px units (7 x 7, whole blocks at every stage) or 8 px cells
     (28 x 28: partly visible 8x8, 4x4 and 2x2 blocks); one shared or `batch` per sample."""
@@ -289,35 +302,21 @@ def test_w_prime_gradient_is_one_copy_in_the_weights_layout():
     """W''s backward writes the weight's gradient in one copy, contiguous in the weight's layout
     (autograd's own backward of the permuting cast made two: a cast in W''s order, then
     AccumulateGrad's clone into the weight's strides), with the values of the plain permute."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from greenmim._conv_backend import w_prime
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(str(func))
-            return func(*args, **(kwargs or {}))
+    from greenmim._conv_backend import _w_prime_view, w_prime
 
     for s, morton in ((1, False), (2, True), (4, True), (8, True), (3, False)):
         w = torch.randn(6, 5, s, s, requires_grad=True)
         wp = w_prime(w, torch.bfloat16, morton=morton)
         r = torch.randn(wp.shape, dtype=torch.bfloat16)
-        with Ops() as ops:
+        with _OpNames() as ops:
             torch.autograd.backward(wp, r)
         copies = [n for n in ops.names if "copy" in n or "clone" in n]
         assert len(copies) == 1, ops.names
         assert w.grad.is_contiguous() and w.grad.dtype == torch.float32
-        # the plain path's gradient: the same permutation, autograd's copies
+        # the plain path's gradient: the same view (its order is checked against morton_rank
+        # below), autograd's copies
         w2 = w.detach().clone().requires_grad_(True)
-        v = w2.permute(0, 2, 3, 1)
-        if morton and s > 2:
-            b = s.bit_length() - 1
-            v = v.reshape(6, *([2] * b), *([2] * b), 5).permute(0, *(d for k in range(b) for d in (1 + k, 1 + b + k)),
-                                                              1 + 2 * b)
-        v.reshape(6, -1).to(torch.bfloat16).backward(r)
+        _w_prime_view(w2, morton).reshape(6, -1).to(torch.bfloat16).backward(r)
         assert torch.equal(w.grad, w2.grad)
     w64 = torch.randn(3, 2, 4, 4, dtype=D, requires_grad=True)
     assert torch.autograd.gradcheck(lambda w: w_prime(w, morton=True), (w64,))
@@ -328,7 +327,6 @@ def test_reshape_path_weight_order_and_no_host_tensors():
     """W' of the reshape path has tap (i, j) at Morton rank (i, j) for every power-of-two stride,
     and the path makes no tensor from host data (lift_fresh: torch.tensor of a list), which a CUDA
     graph cannot capture (a device run found such a copy and the Twins step lost its graphs)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
     from greenmim._conv_backend import w_prime
     from greenmim.conv_tables import morton_rank
     for s in (1, 2, 4, 8, 16):
@@ -338,20 +336,11 @@ def test_reshape_path_weight_order_and_no_host_tensors():
             for j in range(s):
                 assert torch.equal(got[:, morton_rank(i, j)], w[:, :, i, j])
 
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     t = greenmim.plan_twins(_twins_mask(7, 2, torch.Generator().manual_seed(15)), cache=False).stages[0].keys
     x = torch.randn(1, t.num_inputs, 4, requires_grad=True)
     w, b = torch.randn(6, 4, 8, 8, requires_grad=True), torch.randn(6, requires_grad=True)
     greenmim.block_conv(x, t, w, b)                      # the table's one-time checks happen here
-    with Ops() as ops:
+    with _OpNames() as ops:
         greenmim.block_conv(x, t, w, b).sum().backward()
     assert any("addmm" in n or "linear" in n or "mm" in n for n in ops.names), ops.names
     assert not [n for n in ops.names if "lift_fresh" in n or "_to_copy" in n or "index" in n], ops.names
