@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include <greenmim/sparse_conv.hpp>
 
@@ -40,12 +41,22 @@ constexpr int k_red_threads = 256;
 inline int dw_block_groups(int groups) { return groups < k_dw_max_groups ? groups : k_dw_max_groups; }
 
 // ---- V-element row access ----------------------------------------------------------------------
+// load = widen(fetch): `fetch` is the row as loaded (raw), `widen` its V
+// floats, so that a thread can hold several rows' loads in flight before it converts any of them.
 template <class T, int V>
 struct row_io {  // V = 1 (and the generic case): element accesses
-  __device__ __forceinline__ static void load(const T* p, float (&x)[V]) {
+  struct raw { T e[V]; };
+  __device__ __forceinline__ static raw fetch(const T* p) {
+    raw r;
 #pragma unroll
-    for (int i = 0; i < V; ++i) x[i] = to_float(__ldg(p + i));
+    for (int i = 0; i < V; ++i) r.e[i] = __ldg(p + i);
+    return r;
   }
+  __device__ __forceinline__ static void widen(const raw& r, float (&x)[V]) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) x[i] = to_float(r.e[i]);
+  }
+  __device__ __forceinline__ static void load(const T* p, float (&x)[V]) { widen(fetch(p), x); }
   __device__ __forceinline__ static void store(T* p, const float (&x)[V]) {
 #pragma unroll
     for (int i = 0; i < V; ++i) p[i] = from_float<T>(x[i]);
@@ -54,25 +65,43 @@ struct row_io {  // V = 1 (and the generic case): element accesses
 
 template <>
 struct row_io<float, 8> {
-  __device__ __forceinline__ static void load(const float* p, float (&x)[8]) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
-    x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
+  struct raw { float4 a, b; };
+  __device__ __forceinline__ static raw fetch(const float* p) {
+    return raw{__ldg(reinterpret_cast<const float4*>(p)), __ldg(reinterpret_cast<const float4*>(p) + 1)};
   }
+  __device__ __forceinline__ static void widen(const raw& r, float (&x)[8]) {
+    x[0] = r.a.x; x[1] = r.a.y; x[2] = r.a.z; x[3] = r.a.w; x[4] = r.b.x; x[5] = r.b.y; x[6] = r.b.z; x[7] = r.b.w;
+  }
+  __device__ __forceinline__ static void load(const float* p, float (&x)[8]) { widen(fetch(p), x); }
   __device__ __forceinline__ static void store(float* p, const float (&x)[8]) {
     reinterpret_cast<float4*>(p)[0] = make_float4(x[0], x[1], x[2], x[3]);
     reinterpret_cast<float4*>(p)[1] = make_float4(x[4], x[5], x[6], x[7]);
   }
 };
 
+//! bf16 -> fp32 of the low / high half of a 32-bit word: the bf16's bits are the float's top half
+//! (what __bfloat162float does), one integer instruction each where the conversion through the
+//! library made two for the high half (PRMT, then a shift).
+__device__ __forceinline__ float bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+
 template <class T>
 struct row_io16 {  // 8 x 2-byte elements in one 16-byte access
-  __device__ __forceinline__ static void load(const T* p, float (&x)[8]) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-    T e[8];
-    std::memcpy(e, &v, sizeof v);
+  using raw = uint4;
+  __device__ __forceinline__ static raw fetch(const T* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+  __device__ __forceinline__ static void widen(const raw& v, float (&x)[8]) {
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) x[i] = to_float(e[i]);
+      for (int i = 0; i < 4; ++i) { x[2 * i] = bf16_lo(w[i]); x[2 * i + 1] = bf16_hi(w[i]); }
+    } else {
+      T e[8];
+      std::memcpy(e, &v, sizeof v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] = to_float(e[i]);
+    }
   }
+  __device__ __forceinline__ static void load(const T* p, float (&x)[8]) { widen(fetch(p), x); }
   __device__ __forceinline__ static void store(T* p, const float (&x)[8]) {
     T e[8];
 #pragma unroll
@@ -99,7 +128,12 @@ struct row_io_pair {
 template <>
 struct row_io<__half, 2> : row_io_pair<__half> {};
 template <>
-struct row_io<__nv_bfloat16, 2> : row_io_pair<__nv_bfloat16> {};
+struct row_io<__nv_bfloat16, 2> {
+  __device__ __forceinline__ static void load(const __nv_bfloat16* p, float (&x)[2]) {  // bf16_lo/hi
+    const unsigned w = __ldg(reinterpret_cast<const unsigned*>(p));
+    x[0] = bf16_lo(w); x[1] = bf16_hi(w);
+  }
+};
 template <>
 struct row_io<float, 2> {
   __device__ __forceinline__ static void load(const float* p, float (&x)[2]) {
@@ -123,6 +157,17 @@ struct dw_params {
   int mirrored = 0;       // 1: dx (read the table at mirrored offsets)
 };
 
+//! `p` unchanged, but opaque to the optimizer: dw_apply's per-sample base pointer stays one
+//! register pair, so that each tap's address is a single wide multiply-add of its 32-bit offset
+//! (ptxas otherwise recomputed sample * stride + offset in 64 bits at every tap: 4-6 instructions).
+template <class P>
+__device__ __forceinline__ P* opaque(P* p) {
+#if !defined(GREENMIM_CUDA_EMULATION)
+  asm("" : "+l"(p));
+#endif
+  return p;
+}
+
 //! Where the block's channel `cl` (group cl / V, element cl % V) keeps a tap's weight in
 //! dw_apply's ws[tap][.]. V = 8: a group's two 4-float halves lie 4 * k_dw_max_groups floats
 //! apart, so a quarter warp's 16-byte reads of consecutive groups are 128 contiguous bytes, free
@@ -137,15 +182,22 @@ __device__ __forceinline__ int ws_slot(int cl) {
 //! rows = 256 / gb tokens) of samples z, z + gridDim.z, ... (tpc = p.tiles_per_cta,
 //! dw_apply_split). A thread computes U samples of one token at a time (U = 2 where B > 1), so
 //! that each weight read from shared memory serves U rows and U rows are in flight per tap.
-//! The taps' element offsets within a sample are computed once per token (a 64-bit add per tap
-//! and sample, no multiply; 32-bit offsets needed more registers, and spilled). The bias is
-//! staged with the weights (the kernel before read it from global memory, 8 scalar loads, for
-//! every sample). Every output is bias (+ x) + taps 0..8 in order, whatever U or the split. On an
-//! H100 (docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-26g/) this kernel ran 1.21-1.32x faster than the
-//! one before it in the per-sample layout; the weights held in registers instead (119 registers,
-//! 2 CTAs per SM) were 1.1-2x slower: the kernel is bound by instruction issue and latency, not
-//! by its shared-memory reads.
-template <class T, int V, int U>
+//! The taps' element offsets within a sample are computed once per token, as `Off` (uint32_t
+//! where every offset fits, dw_offsets_fit_int32; else int64_t), and each tap's address is then one
+//! multiply-add onto the sample's base pointer (opaque). The loads of all taps are unconditional
+//! (a missing neighbour reads the token's own row, its product dropped by a predicate) and issue
+//! before their rows are used. The bias is staged with the weights. Every output is bias (+ x) +
+//! taps 0..8 in order, whatever U, Off or the split.
+//! History (docs/perf/kernel-journal.md): on an H100 (docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-26g/)
+//! the version before this one ran 1.21-1.32x faster than its predecessor in the per-sample layout;
+//! holding the weights in registers instead (119 registers, 2 CTAs per SM) was 1.1-2x slower. Its
+//! SASS (read in the eighth session, cuobjdump from PyPI's nvidia-cuda-cuobjdump) showed why it
+//! stayed at 22-34% of a copy's rate: each tap was a branch (`if no neighbour: skip`) around a load
+//! that the next instruction waited on, so a warp had one row in flight, and each address took
+//! 4-7 integer instructions (ptxas recomputed sample * stride + offset in 64 bits at every tap).
+//! This version has 3-4 rows in flight a thread (bf16, 64 registers) and 31% fewer instructions
+//! in its per-sample loop on sm_90 (254 against 368 for bf16, U = 1). Its speed is unmeasured.
+template <class T, int V, int U, class Off>
 __global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply(const dw_params p) {
   // [tap][ws_slot<V>(channel in block)], and the bias as a 10th row
   __shared__ __align__(16) float ws[k_taps + 1][k_dw_max_groups * 8];
@@ -180,18 +232,31 @@ __global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply(const d
     }
   };
   const int gz = static_cast<int>(gridDim.z);
+  using io = row_io<T, V>;
+  // this thread's tokens t_first, + rows, ... below t_stop (int: tokens < 2^31)
   const std::int64_t t_first = static_cast<std::int64_t>(blockIdx.x) * p.tiles_per_cta * rows + r;
   const std::int64_t t_end = t_first + static_cast<std::int64_t>(p.tiles_per_cta) * rows;
-  for (std::int64_t tt = t_first; tt < t_end && tt < p.tokens; tt += rows) {
-    const int t = static_cast<int>(tt);
-    std::int64_t off[k_taps];  // element offset of tap o's row in a sample, or -1 (no neighbour)
+  if (t_first >= p.tokens) return;
+  const int t_stop = static_cast<int>(t_end < p.tokens ? t_end : p.tokens);
+  for (int t = static_cast<int>(t_first); t < t_stop; t += rows) {
+    // the token's 9 table entries (dx: read mirrored, o <-> 8 - o), then each tap's element offset
+    // in a sample; a missing neighbour reads the token's own row instead (a real row, so that every
+    // load is unconditional and a chunk's loads issue together) and its product is dropped by a
+    // predicate, which leaves acc bit for bit as skipping the tap does, Inf and NaN included
+    index_t s[k_taps];
+    const index_t* row = p.nbr + static_cast<std::int64_t>(t) * k_taps;
+#pragma unroll
+    for (int o = 0; o < k_taps; ++o) s[o] = __ldg(row + o);
+    const Off own = static_cast<Off>(t) * static_cast<Off>(p.in_s1) + c0;
+    Off off[k_taps];
+    unsigned pad = 0;  // bit o: tap o has no neighbour
 #pragma unroll
     for (int o = 0; o < k_taps; ++o) {
-      const index_t s = __ldg(p.nbr + static_cast<std::int64_t>(t) * k_taps + (p.mirrored ? mirror_offset(3, o) : o));
-      off[o] = static_cast<unsigned>(s) < static_cast<unsigned>(p.tokens) ? s * p.in_s1 + c0 : -1;
+      const index_t so = p.mirrored ? s[k_taps - 1 - o] : s[o];
+      const bool in_range = static_cast<unsigned>(so) < static_cast<unsigned>(p.tokens);
+      off[o] = in_range ? static_cast<Off>(so) * static_cast<Off>(p.in_s1) + c0 : own;
+      pad |= in_range ? 0u : 1u << o;
     }
-    const std::int64_t own = t * p.in_s1 + c0;
-    const std::int64_t out_t = static_cast<std::int64_t>(t) * p.out_s1 + c0;
     for (int b = static_cast<int>(blockIdx.z); b < p.batch; b += U * gz) {
       const T* xs[U];
       bool live[U];
@@ -203,33 +268,43 @@ __global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply(const d
         for (int u = 0; u < U; ++u) {
           live[u] = u == 0 || b + u * gz < p.batch;
           const std::int64_t bu = live[u] ? b + u * gz : b;
-          xs[u] = in + bu * p.in_s0;
+          xs[u] = opaque(in + bu * p.in_s0);
 #pragma unroll
           for (int v = 0; v < V; ++v) acc[u][v] = bias[v];
+          // the residual's row loads whether or not there is one (from x where there is not, a
+          // real row), so that it issues with the taps' loads instead of behind a branch
+          float rv[V];
+          io::load((res ? res : in) + bu * p.in_s0 + own, rv);
           if (res) {
-            float rv[V];
-            row_io<T, V>::load(res + bu * p.in_s0 + own, rv);
 #pragma unroll
             for (int v = 0; v < V; ++v) acc[u][v] += rv[v];
           }
         }
       }
+      // every tap's rows loaded before any is used (ptxas keeps as many in flight as its registers
+      // allow: 3-4 16-byte rows a thread where the kernel before waited on each load in turn)
+      typename io::raw x[k_taps][U];
+#pragma unroll
+      for (int o = 0; o < k_taps; ++o)
+#pragma unroll
+        for (int u = 0; u < U; ++u) x[o][u] = io::fetch(xs[u] + off[o]);
 #pragma unroll
       for (int o = 0; o < k_taps; ++o) {
-        if (off[o] < 0) continue;
+        const bool skip = (pad >> o) & 1u;
         float w[V];
         weights(o, w);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          float x[V];
-          row_io<T, V>::load(xs[u] + off[o], x);
+          float xv[V];
+          io::widen(x[o][u], xv);
 #pragma unroll
-          for (int v = 0; v < V; ++v) acc[u][v] = fmaf(w[v], x[v], acc[u][v]);
+          for (int v = 0; v < V; ++v) acc[u][v] = skip ? acc[u][v] : fmaf(w[v], xv[v], acc[u][v]);
         }
       }
 #pragma unroll
       for (int u = 0; u < U; ++u)
-        if (live[u]) row_io<T, V>::store(out + static_cast<std::int64_t>(b + u * gz) * p.out_s0 + out_t, acc[u]);
+        if (live[u])  // the row's offset computed here, not held across the taps (it spilled)
+          io::store(out + (static_cast<std::int64_t>(b + u * gz) * p.out_s0 + static_cast<std::int64_t>(t) * p.out_s1 + c0), acc[u]);
     }
   }
 }
@@ -247,11 +322,13 @@ struct dw_grad_params {
 
 //! One piece's partials of dweight (taps 0..8) and dbias (slot 9): block (x, y, z) = channel
 //! groups [x * gb, + gb) x tokens of tile y x samples of chunk z; partial index z * tiles + y.
-//! `__launch_bounds__(256, 1)`: with the minimum stated, ptxas schedules the branch-free taps
-//! below differently (80 registers on sm_90 instead of 75: 3 CTAs per SM either way, no spills)
-//! and the PEG backward at Twins-L stage 1 took 56 us instead of 68 (H100, same call).
-template <class T, int V>
-__global__ void __launch_bounds__(k_dw_threads, 1) dw_grad_partial(const dw_grad_params p) {
+//! 3 CTAs per SM (at most 80 registers; no spills on sm_80 or sm_90). Before the 32-bit offsets,
+//! `__launch_bounds__(256, 1)` made ptxas schedule the branch-free taps better (80 registers
+//! instead of 75) and the PEG backward at Twins-L stage 1 took 56 us instead of 68 (H100); the
+//! 32-bit path now takes 69-71 registers whatever the minimum, and the minimum of 3 keeps the
+//! others (V = 1, or 64-bit offsets: 88-93 registers with a minimum of 1) at 3 CTAs per SM.
+template <class T, int V, class Off>
+__global__ void __launch_bounds__(k_dw_threads, 3) dw_grad_partial(const dw_grad_params p) {
   constexpr int K = (k_taps + 1) * V;  // a thread's sums: [tap or bias][v]
   __shared__ float red[K][k_dw_threads];
   const int groups = p.channels / V, gb = p.gb, rows = k_dw_threads / gb;
@@ -269,31 +346,39 @@ __global__ void __launch_bounds__(k_dw_threads, 1) dw_grad_partial(const dw_grad
   for (int k = 0; k < K; ++k) acc[k] = 0.f;
   if (r < rows && g < groups) {
     for (int t = t0 + r; t < t1; t += rows) {
-      index_t src[k_taps];
+      // each tap's x row offset in a sample, computed once per token as in dw_apply (an offset
+      // per tap and sample was a 64-bit multiply-add: most of this loop's instructions); a missing
+      // neighbour reads x's own row instead (a real row) and its product is dropped by a
+      // predicate, which leaves acc bit for bit as skipping the tap does, even where that row
+      // holds Inf or NaN, and keeps the taps free of branches so that the loads of (t, b) issue
+      // together (the PEG backward at Twins-L stage 1 took 56 us instead of 92 on an H100)
+      const index_t* row = p.nbr + static_cast<std::int64_t>(t) * k_taps;
+      const Off own = static_cast<Off>(t) * static_cast<Off>(p.x_s1) + c0;
+      Off xo[k_taps];
+      unsigned pad = 0;  // bit o: tap o has no neighbour
 #pragma unroll
       for (int o = 0; o < k_taps; ++o) {
-        const index_t s = __ldg(p.nbr + static_cast<std::int64_t>(t) * k_taps + o);
-        src[o] = static_cast<unsigned>(s) < static_cast<unsigned>(p.tokens) ? s : pad_index;
+        const index_t s = __ldg(row + o);
+        const bool in_range = static_cast<unsigned>(s) < static_cast<unsigned>(p.tokens);
+        xo[o] = in_range ? static_cast<Off>(s) * static_cast<Off>(p.x_s1) + c0 : own;
+        pad |= in_range ? 0u : 1u << o;
       }
+      const Off dyo = static_cast<Off>(t) * static_cast<Off>(p.dy_s1) + c0;
       for (int b = b0; b < b1; ++b) {
+        const T* xb = opaque(x + static_cast<std::int64_t>(b) * p.x_s0);
         float d[V];
-        row_io<T, V>::load(dy + b * p.dy_s0 + t * p.dy_s1 + c0, d);
+        row_io<T, V>::load(dy + static_cast<std::int64_t>(b) * p.dy_s0 + dyo, d);
 #pragma unroll
         for (int v = 0; v < V; ++v) acc[k_taps * V + v] += d[v];
-        // no branch per tap, so that the loads of (t, b) can issue together (branch-free, the
-        // PEG backward at Twins-L stage 1 took 56 us instead of 92 on an H100): a missing
-        // neighbour reads x's own row instead (a real row) and its product is dropped by a
-        // select, which leaves acc bit for bit as skipping the tap does, even where that row
-        // holds Inf or NaN
 #pragma unroll
         for (int o = 0; o < k_taps; ++o) {
-          const bool pad = src[o] == pad_index;
+          const bool skip = (pad >> o) & 1u;
           float xv[V];
-          row_io<T, V>::load(x + b * p.x_s0 + (pad ? t : src[o]) * p.x_s1 + c0, xv);
+          row_io<T, V>::load(xb + xo[o], xv);
 #pragma unroll
           for (int v = 0; v < V; ++v) {
             const float f = fmaf(d[v], xv[v], acc[o * V + v]);
-            acc[o * V + v] = pad ? acc[o * V + v] : f;
+            acc[o * V + v] = skip ? acc[o * V + v] : f;
           }
         }
       }
@@ -397,8 +482,12 @@ cudaError_t launch_dw_apply(dw_params p, cudaStream_t stream) {
   const dw_apply_split sp = dw_apply_split_for(tiles, cblocks, p.batch);
   p.tiles_per_cta = sp.tiles_per_cta;
   const dim3 grid(static_cast<unsigned>(sp.grid_x), static_cast<unsigned>(cblocks), static_cast<unsigned>(sp.grid_z));
-  return p.batch > sp.grid_z ? launch(dw_apply<T, V, 2>, grid, k_dw_threads, 0, stream, p)  // a CTA has 2 samples or more
-                             : launch(dw_apply<T, V, 1>, grid, k_dw_threads, 0, stream, p);
+  // 32-bit offsets within a sample where every row's (strides are non-negative) fits an int
+  if (dw_offsets_fit_int32(p.tokens, p.in_s1, p.channels))
+    return p.batch > sp.grid_z ? launch(dw_apply<T, V, 2, std::uint32_t>, grid, k_dw_threads, 0, stream, p)  // a CTA has 2 samples or more
+                               : launch(dw_apply<T, V, 1, std::uint32_t>, grid, k_dw_threads, 0, stream, p);
+  return p.batch > sp.grid_z ? launch(dw_apply<T, V, 2, std::int64_t>, grid, k_dw_threads, 0, stream, p)
+                             : launch(dw_apply<T, V, 1, std::int64_t>, grid, k_dw_threads, 0, stream, p);
 }
 
 //! The apply kernel's parameters for `in` -> `out` (x -> y, or dy -> dx through the mirrored table).
@@ -455,10 +544,16 @@ cudaError_t run_dw_bwd(const gm_depthwise_conv_args* a, void* workspace, cudaStr
   g.gb = dw_block_groups((C + 1) / 2);
   const dim3 grid(static_cast<unsigned>((groups + g.gb - 1) / g.gb), static_cast<unsigned>(g.split.tiles),
                   static_cast<unsigned>(g.split.chunks));
-  if (vec)
-    GM_TRY((launch(dw_grad_partial<T, 2>, grid, k_dw_threads, 0, stream, g)));
+  // 32-bit row offsets within a sample where x's and dy's fit an int (dw_offsets_fit_int32)
+  const bool off32 = dw_offsets_fit_int32(N, g.x_s1, C) && dw_offsets_fit_int32(N, g.dy_s1, C);
+  if (vec && off32)
+    GM_TRY((launch(dw_grad_partial<T, 2, std::uint32_t>, grid, k_dw_threads, 0, stream, g)));
+  else if (vec)
+    GM_TRY((launch(dw_grad_partial<T, 2, std::int64_t>, grid, k_dw_threads, 0, stream, g)));
+  else if (off32)
+    GM_TRY((launch(dw_grad_partial<T, 1, std::uint32_t>, grid, k_dw_threads, 0, stream, g)));
   else
-    GM_TRY((launch(dw_grad_partial<T, 1>, grid, k_dw_threads, 0, stream, g)));
+    GM_TRY((launch(dw_grad_partial<T, 1, std::int64_t>, grid, k_dw_threads, 0, stream, g)));
   const std::int64_t outs = static_cast<std::int64_t>(C) * (k_taps + 1);
   return launch(dw_grad_reduce, dim3(static_cast<unsigned>((outs + 31) / 32)), k_red_threads,
                 0, stream, static_cast<const float*>(workspace), g.split.parts(), C, a->dweight, a->dbias);

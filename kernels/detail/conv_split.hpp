@@ -97,6 +97,16 @@ inline dw_apply_split dw_apply_split_for(std::int64_t tiles, std::int64_t cblock
   return s;
 }
 
+//! Whether dw_apply can hold its taps' element offsets within a sample as int32: every row start
+//! `s * row_stride` (s < tokens) plus the channels stays below 2^31. Strides are non-negative
+//! (check_tensor). The 32-bit path saves a register and two integer instructions per tap (its
+//! address is one wide multiply-add onto the sample's base).
+inline bool dw_offsets_fit_int32(std::int64_t tokens, std::int64_t row_stride, std::int64_t channels) {
+  constexpr std::int64_t lim = 0x7fffffff;
+  if (tokens <= 0 || row_stride < 0 || channels < 0 || channels > lim) return false;
+  return row_stride == 0 || tokens - 1 <= (lim - channels) / row_stride;
+}
+
 //! The block conv's gather-GEMM tile (block_conv.cu): 64 x 64 outputs, 16-deep reduction steps.
 constexpr int k_gemm_bm = 64, k_gemm_bn = 64, k_gemm_bk = 16;
 //! Split-K aims at this many CTAs (a few waves on today's largest GPUs; a constant, not the

@@ -24,7 +24,9 @@
 //!   (schedule dependence, like any race);
 //! - cudaMalloc'd buffers and the dynamic shared memory end at a guard page (accesses past them
 //!   abort with a message, like compute-sanitizer's memcheck), and both start filled with 0xFF
-//!   bytes, a NaN in every float type, so reads of never-written memory show up as NaN;
+//!   bytes, a NaN in every float type, so reads of never-written memory show up as NaN (a
+//!   cudaMalloc'd buffer over 1 GiB starts zeroed instead: its pages are committed only where
+//!   touched, so a test can address 2^31 elements without gigabytes of memory);
 //! - launch configuration is checked against sm_90 limits (block size, grid y/z, dynamic
 //!   shared memory above 48 KB only after cudaFuncSetAttribute, up to the opt-in limit).
 //! What it cannot show: timing, occupancy, register pressure, the real memory model (a CTA runs

@@ -114,6 +114,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   return cudaSuccess;
 }
 
+constexpr std::size_t k_poison_max_bytes = std::size_t(1) << 30;
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (p == nullptr) return record(cudaErrorInvalidValue);
   if (g_sticky_error != cudaSuccess) return g_sticky_error;
@@ -121,7 +122,10 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (bytes == 0) return cudaSuccess;
   region r = make_region(bytes, 256, "cudaMalloc buffer");
   if (r.user == nullptr) return record(cudaErrorMemoryAllocation);
-  std::memset(r.user, 0xFF, bytes);  // never-written memory reads as NaN / -1
+  // never-written memory reads as NaN / -1; a buffer over 1 GiB is left as the kernel maps it (zero
+  // pages, committed only where touched), so that a test can address rows 2^31 elements apart
+  // (64-bit offsets) without committing gigabytes
+  if (bytes <= k_poison_max_bytes) std::memset(r.user, 0xFF, bytes);
   g_regions[r.user] = r;
   *p = r.user;
   return cudaSuccess;

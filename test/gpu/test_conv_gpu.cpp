@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -331,6 +332,192 @@ TEST_CASE("gpu depthwise conv: dweight and dbias bits do not depend on the input
     const auto offset = depthwise_grads_at(cu, c, 16, B, C, GM_BFLOAT16, hx, hdy, w, 1);
     CHECK(aligned[0] == offset[0]);
     CHECK(aligned[1] == offset[1]);
+  }
+}
+
+//! Forward and backward of the depthwise conv with x and dy read through `sx` / `sdy` ([B, N, C]
+//! strides, elements) in buffers of `span` elements whose rows hold the dense tensors `hx`, `hdy`.
+//! Returns y, dx, dweight and dbias's bytes.
+std::vector<bytes> depthwise_strided(const greenmim::neighbor_table& t, std::int64_t B, std::int64_t C, gm_dtype dt,
+                                     const htensor& hx, const htensor& hdy, const std::vector<float>& w,
+                                     const std::vector<float>& bias, const std::int64_t (&sx)[3],
+                                     const std::int64_t (&sdy)[3], bool residual = true) {
+  const std::int64_t N = t.num_tokens;
+  const std::size_t es = gm_dtype_size(dt);
+  auto span_of = [&](const std::int64_t (&s)[3]) { return static_cast<std::size_t>((B - 1) * s[0] + (N - 1) * s[1] + C); };
+  // buffers sized by the strides; only the rows are written (the rest of a large one is never touched)
+  auto place = [&](const htensor& h, const std::int64_t (&s)[3]) {
+    dbuf<unsigned char> d(span_of(s) * es);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t n = 0; n < N; ++n)
+        REQUIRE(cudaMemcpy(d.p + (b * s[0] + n * s[1]) * static_cast<std::int64_t>(es), h.bytes.data() + ((b * N + n) * C) * es,
+                           static_cast<std::size_t>(C) * es, cudaMemcpyHostToDevice) == cudaSuccess);
+    return d;
+  };
+  dbuf<unsigned char> x = place(hx, sx), dy = place(hdy, sdy);
+  dbuf<unsigned char> y(static_cast<std::size_t>(B * N * C) * es), dx(static_cast<std::size_t>(B * N * C) * es);
+  dbuf<index_t> nbr = to_device(t.nbr);
+  dbuf<float> wd = to_device(w), bd = to_device(bias), dweight(static_cast<std::size_t>(C) * 9), dbias(static_cast<std::size_t>(C));
+  gm_depthwise_conv_args a{};
+  a.dtype = dt;
+  a.x = make_tensor(x.p, {B, N, C}, {sx[0], sx[1], sx[2]});
+  a.dy = make_tensor(dy.p, {B, N, C}, {sdy[0], sdy[1], sdy[2]});
+  a.y = make_tensor(y.p, {B, N, C}, {N * C, C, 1});
+  a.dx = make_tensor(dx.p, {B, N, C}, {N * C, C, 1});
+  a.nbr = nbr.p;
+  a.kernel = 3;
+  a.weight = wd.p;
+  a.bias = bd.p;
+  a.dweight = dweight.p;
+  a.dbias = dbias.p;
+  a.residual = residual ? 1 : 0;
+  GM_CHECK_CUDA(gm_depthwise_conv_fwd(&a, nullptr));
+  std::size_t ws_bytes = 0;
+  GM_CHECK_CUDA(gm_depthwise_conv_bwd_workspace_size(&a, &ws_bytes));
+  dbuf<unsigned char> ws(ws_bytes);
+  GM_CHECK_CUDA(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr));
+  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  return {y.download(), dx.download(), float_bytes(dweight.download()), float_bytes(dbias.download())};
+}
+
+TEST_CASE("gpu depthwise conv: rows 2^31 elements apart (64-bit offsets) give the bits of dense rows (32-bit offsets)") {
+  // The kernels hold a tap's row offset within a sample as uint32 where every offset fits
+  // (dw_offsets_fit_int32), else as int64. Rows of x and dy 2^31 / (N - 1) elements apart take the
+  // 64-bit path in the forward, dx and dweight; samples C apart (inputs may overlap) keep the
+  // buffers at about 2^31 elements, of which only the rows are touched.
+  GM_SKIP_WITHOUT_DEVICE();
+  using greenmim::detail::cuda::dw_offsets_fit_int32;
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed << " (GM_TEST_SEED)");
+  std::mt19937_64 rng(seed);
+  const index_t grid = 4;
+  const auto c = unit_mask_coords(rng, grid, 2, 0.5);
+  const std::vector<index_t> cu{0, static_cast<index_t>(c.size())};
+  greenmim::neighbor_table t;
+  greenmim::check(greenmim::build_neighbor_table_per_sample(grid, grid, 3, span<const index_t>(cu), span<const index_t>(c), t));
+  const std::int64_t N = t.num_tokens;
+  REQUIRE(N >= 2);
+  struct shape { std::int64_t B, C; gm_dtype dt; };
+  // C 16 bf16: the vector path; C 12 fp16: the scalar path; B 600: two samples per thread (U = 2)
+  for (const shape sh : {shape{1, 16, GM_BFLOAT16}, shape{600, 16, GM_BFLOAT16}, shape{1, 12, GM_FLOAT16},
+                         shape{600, 12, GM_FLOAT16}}) {
+    const std::int64_t B = sh.B, C = sh.C;
+    INFO("B " << B << " C " << C << " dtype " << gm_dtype_name(sh.dt));
+    const htensor hx = random_htensor(sh.dt, static_cast<std::size_t>(B * N * C), rng);
+    const htensor hdy = random_htensor(sh.dt, static_cast<std::size_t>(B * N * C), rng);
+    const auto w = random_floats(static_cast<std::size_t>(C) * 9, rng), bias = random_floats(static_cast<std::size_t>(C), rng);
+    const std::int64_t far = ((std::int64_t(1) << 31) / (N - 1) + 8) / 8 * 8;  // 16-byte aligned rows
+    REQUIRE_FALSE(dw_offsets_fit_int32(N, far, C));
+    const std::int64_t dense[3] = {N * C, C, 1}, strided[3] = {C, far, 1};
+    const auto a = depthwise_strided(t, B, C, sh.dt, hx, hdy, w, bias, dense, dense);
+    const auto b = depthwise_strided(t, B, C, sh.dt, hx, hdy, w, bias, strided, strided);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      INFO("output " << i << " (y, dx, dweight, dbias)");
+      CHECK(a[i] == b[i]);
+    }
+  }
+}
+
+TEST_CASE("gpu depthwise conv: arbitrary tables; out-of-range entries read as zero, even where the row skipped holds NaN") {
+  // Tables that no geometry makes: any token at any tap (itself, twice, none), and entries outside
+  // [0, N) (pad_index, N, INT_MAX, INT_MIN, -7) that the kernels read as zero. A missing tap loads
+  // the token's own row and drops its product by a predicate: tokens that nobody references (not
+  // even themselves) get NaN rows, in x (forward, dweight) or in dy (dx), which must not leak.
+  GM_SKIP_WITHOUT_DEVICE();
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed << " (GM_TEST_SEED)");
+  std::mt19937_64 rng(seed);
+  const index_t bad[] = {greenmim::pad_index, -7, std::numeric_limits<index_t>::min(), std::numeric_limits<index_t>::max()};
+  struct shape { std::int64_t B, N, C; gm_dtype dt; };
+  for (const shape sh : {shape{3, 37, 16, GM_BFLOAT16}, shape{2, 300, 24, GM_FLOAT32}, shape{5, 29, 12, GM_FLOAT16},
+                         shape{1, 700, 64, GM_BFLOAT16}}) {
+    const std::int64_t B = sh.B, N = sh.N, C = sh.C;
+    for (int poisoned_tensor = 0; poisoned_tensor < 2; ++poisoned_tensor) {  // 0: x, 1: dy
+      INFO("B " << B << " N " << N << " C " << C << " dtype " << gm_dtype_name(sh.dt) << " NaN rows in "
+                << (poisoned_tensor ? "dy" : "x"));
+      // tokens [0, 3) are never referenced; each has a missing tap
+      std::uniform_int_distribution<index_t> valid(3, static_cast<index_t>(N - 1));
+      std::uniform_int_distribution<int> kind(0, 9), pick(0, 4);
+      greenmim::neighbor_table t;
+      t.num_tokens = static_cast<index_t>(N);
+      t.kernel = 3;
+      t.nbr.resize(static_cast<std::size_t>(N) * 9);
+      std::vector<index_t> ref(t.nbr.size());  // the reference's table: out-of-range entries as pad_index
+      for (std::size_t i = 0; i < t.nbr.size(); ++i) {
+        const int k = kind(rng);
+        const int p = pick(rng);
+        const index_t e = k < 6 ? valid(rng) : p < 4 ? bad[p] : static_cast<index_t>(N) + p;
+        t.nbr[i] = e;
+        ref[i] = e >= 0 && e < N ? e : greenmim::pad_index;
+      }
+      for (index_t k = 0; k < 3; ++k) {
+        t.nbr[static_cast<std::size_t>(k) * 9 + static_cast<std::size_t>(k) * 3] = bad[k];
+        ref[static_cast<std::size_t>(k) * 9 + static_cast<std::size_t>(k) * 3] = greenmim::pad_index;
+      }
+      htensor hx = random_htensor(sh.dt, static_cast<std::size_t>(B * N * C), rng);
+      htensor hdy = random_htensor(sh.dt, static_cast<std::size_t>(B * N * C), rng);
+      htensor& poisoned = poisoned_tensor ? hdy : hx;
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t k = 0; k < 3; ++k)
+          for (std::int64_t c = 0; c < C; ++c) poisoned.set(static_cast<std::size_t>((b * N + k) * C + c), NAN);
+      const auto w = random_floats(static_cast<std::size_t>(C) * 9, rng), bias = random_floats(static_cast<std::size_t>(C), rng);
+      const std::int64_t dense[3] = {N * C, C, 1};
+      // no residual: it would read the poisoned rows themselves
+      const auto out = depthwise_strided(t, B, C, sh.dt, hx, hdy, w, bias, dense, dense, false);
+      const auto xd = as_double(hx), dyd = as_double(hdy), wd = widen(w), bd = widen(bias);
+      std::vector<double> y_ref(xd.size()), dx_ref(xd.size()), dw_ref(wd.size()), db_ref(bd.size());
+      const span<const index_t> tn(ref);
+      REQUIRE(greenmim::reference::depthwise_conv_forward<double>(tn, 3, make_view(xd.data(), B, N, C), make_view(wd.data(), C, 9),
+                                                                  span<const double>(bd), false,
+                                                                  make_view(y_ref.data(), B, N, C)) == greenmim::status::success);
+      REQUIRE(greenmim::reference::depthwise_conv_backward<double>(
+                  tn, 3, make_view(xd.data(), B, N, C), make_view(wd.data(), C, 9), make_view(dyd.data(), B, N, C), false,
+                  make_view(dx_ref.data(), B, N, C), make_view(dw_ref.data(), C, 9), span<double>(db_ref)) ==
+              greenmim::status::success);
+      auto as_doubles = [&](const bytes& b) {
+        htensor h(sh.dt, b.size() / gm_dtype_size(sh.dt));
+        h.bytes = b;
+        return as_double(h);
+      };
+      auto floats = [](const bytes& b) {
+        std::vector<double> v(b.size() / sizeof(float));
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          float f;
+          std::memcpy(&f, b.data() + i * sizeof(float), sizeof f);
+          v[i] = f;
+        }
+        return v;
+      };
+      const double tol = tolerance(sh.dt);
+      if (poisoned_tensor == 0) {  // NaN in x: y and dweight read x (dx and dbias read dy alone)
+        CHECK(rel_error(as_doubles(out[0]), y_ref) <= tol);
+        CHECK(rel_error(floats(out[2]), dw_ref) <= 1e-5);
+      }
+      CHECK(rel_error(as_doubles(out[1]), dx_ref) <= tol);  // NaN in dy: dx alone is finite
+      if (poisoned_tensor == 0) CHECK(rel_error(floats(out[3]), db_ref) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("depthwise (host): 32-bit row offsets exactly where every offset fits an int") {
+  using greenmim::detail::cuda::dw_offsets_fit_int32;
+  const std::int64_t lim = 0x7fffffff;
+  CHECK(dw_offsets_fit_int32(1, lim, 1));                 // one row: only the channels count
+  CHECK(dw_offsets_fit_int32(1, 0, lim));
+  CHECK_FALSE(dw_offsets_fit_int32(1, 0, lim + 1));
+  CHECK(dw_offsets_fit_int32(1 << 20, 0, 64));            // a zero stride: every row at 0
+  CHECK_FALSE(dw_offsets_fit_int32(0, 8, 8));             // no tokens: no kernel runs; refused here
+  CHECK_FALSE(dw_offsets_fit_int32(4, -8, 8));
+  std::mt19937_64 rng(fresh_seed());
+  std::uniform_int_distribution<std::int64_t> tok(2, std::int64_t(1) << 27), ch(1, 4096);
+  for (int i = 0; i < 2000; ++i) {
+    const std::int64_t N = tok(rng), C = ch(rng);
+    const std::int64_t s = (lim - C) / (N - 1);  // the largest stride that fits
+    INFO("N " << N << " C " << C << " stride " << s);
+    CHECK((N - 1) * s + C <= lim);
+    CHECK(dw_offsets_fit_int32(N, s, C));
+    CHECK_FALSE(dw_offsets_fit_int32(N, s + 1, C));  // (N - 1) * (s + 1) + C > lim
+    CHECK(dw_offsets_fit_int32(N, s / 2, C));
   }
 }
 
