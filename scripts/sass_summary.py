@@ -2,6 +2,7 @@
 """Summarise the SASS of CUDA kernels (cuobjdump -sass output) for reading without a device.
 
 Usage: sass_summary.py SASS_FILE [KERNEL_REGEX]   (scripts/kernel_sass runs it)
+       sass_summary.py --self-test                  (ctest sass_summary_self_test)
 
 For every kernel whose demangled name matches KERNEL_REGEX (default: all):
 - its instruction count, and the local-memory traffic (STL/LDL: register spills);
@@ -95,36 +96,77 @@ def use_after(ins, i, hi):
     return None
 
 
-def main():
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    funcs = parse(sys.argv[1])
-    rx = re.compile(sys.argv[2]) if len(sys.argv) > 2 else None
+def summarise(funcs, rx=None):
+    """[(demangled name, instructions, total mix, [(lo addr, hi addr, n, mix, innermost, [use after])])]"""
     names = list(funcs)
-    pretty = demangle(names)
-    shown = 0
-    for name, nice in zip(names, pretty):
+    out = []
+    for name, nice in zip(names, demangle(names)):
         nice = nice.replace("(anonymous namespace)::", "")
         if rx and not rx.search(nice):
             continue
-        shown += 1
         ins = funcs[name]
-        total = mix(ins, 0, len(ins) - 1)
-        print(f"{nice}\n  {len(ins)} instructions; spills: {total['STL']} STL, {total['LDL']} LDL")
         lps = loops_of(ins)
+        loops = []
         for lo, hi in lps:
             inner = not any(l2 > lo and h2 < hi for l2, h2 in lps if (l2, h2) != (lo, hi))
-            c = mix(ins, lo, hi)
+            d = [use_after(ins, i, hi) for i in range(lo, hi + 1) if opcode(ins[i][1]).startswith("LDG")] if inner else []
+            loops.append((ins[lo][0], ins[hi][0], hi - lo + 1, mix(ins, lo, hi), inner, d))
+        out.append((nice, len(ins), mix(ins, 0, len(ins) - 1), loops))
+    return out
+
+
+SELF_TEST = """
+\t\tFunction : _Z3fooPf
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0020*/                   LDG.E R8, desc[UR4][R2.64+0x10] ;
+        /*0030*/                   MOV R5, R9 ;
+        /*0040*/                   FFMA R10, R6, R6, R10 ;
+        /*0050*/              @!P0 FFMA R10, R8, R8, R10 ;
+        /*0060*/                   STL [R1], R10 ;
+        /*0070*/               @P1 BRA 0x10 ;
+        /*0080*/                   EXIT ;
+        /*0090*/                   BRA 0x90;
+"""
+
+
+def self_test():
+    """The summary of a known listing: one loop, two loads each read 3 instructions later."""
+    import os
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".sass", delete=False) as f:
+        f.write(SELF_TEST)
+    try:
+        (name, n, total, loops), = summarise(parse(f.name))
+    finally:
+        os.unlink(f.name)
+    assert name.startswith("foo("), name
+    assert n == 10 and total["STL"] == 1 and total["LDG"] == 2, (n, total)
+    assert len(loops) == 1, loops  # the branch to itself is not a loop
+    lo, hi, count, m, inner, d = loops[0]
+    assert (lo, hi, count, inner) == (0x10, 0x70, 7, True), loops[0]
+    assert (m["LDG"], m["FMA"], m["STL"], m["BRA"]) == (2, 2, 1, 1), m
+    assert d == [3, 3], d  # the MOV writes R5 and reads R9: not a use of the 128-bit load
+    print("sass_summary self-test: ok")
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    if sys.argv[1] == "--self-test":
+        self_test()
+        return
+    rx = re.compile(sys.argv[2]) if len(sys.argv) > 2 else None
+    res = summarise(parse(sys.argv[1]), rx)
+    if not res:
+        sys.exit(f"no kernel matches {sys.argv[2]!r}; kernels: " + ", ".join(n for n, *_ in summarise(parse(sys.argv[1]))))
+    for nice, n, total, loops in res:
+        print(f"{nice}\n  {n} instructions; spills: {total['STL']} STL, {total['LDL']} LDL")
+        for lo, hi, count, c, inner, d in loops:
             cols = " ".join(f"{k} {c[k]}" for k, _ in MIX if c[k])
-            print(f"  loop {ins[lo][0]:#06x}-{ins[hi][0]:#06x}{' (innermost)' if inner else ''}: "
-                  f"{hi - lo + 1} instructions; {cols}")
-            if inner:
-                d = [use_after(ins, i, hi) for i in range(lo, hi + 1) if opcode(ins[i][1]).startswith("LDG")]
-                if d:
-                    shown_d = ", ".join("-" if x is None else str(x) for x in d)
-                    print(f"    global loads, instructions to first use: {shown_d}")
-    if shown == 0:
-        sys.exit(f"no kernel matches {sys.argv[2]!r}; kernels: " + ", ".join(p for p in pretty))
+            print(f"  loop {lo:#06x}-{hi:#06x}{' (innermost)' if inner else ''}: {count} instructions; {cols}")
+            if d:
+                print("    global loads, instructions to first use: " + ", ".join("-" if x is None else str(x) for x in d))
 
 
 if __name__ == "__main__":
