@@ -16,6 +16,7 @@
 #   JOBS=<n>         build parallelism (default: nproc)
 #   BATCH=<n>        benchmark batch (default 128)
 #   SKIP_TESTS=1 SKIP_SANITIZER=1 SKIP_BENCH=1 SKIP_TORCH=1 SKIP_PYTESTS=1   skip a step
+#   SKIP_AB=1        skip the A/B benches of bench/gpu/ab/ (run after the conv bench)
 #   STEP_TIMEOUT=<s> time limit of each step (default 900)
 #   SAN_TIMEOUT=<s>  time limit of each compute-sanitizer tool (default 100)
 #   PYTHON=<exe>     interpreter of the Python steps (default python3)
@@ -143,6 +144,17 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -x "$GM_CONV_BENCH" ]; then
   run_step "conv gpu bench" "$GM_LOG/conv_bench.log" "$GM_CONV_BENCH" --batch 64
   # the trainer's layout: a mask per sample, every sample's tokens on one axis (B = 1)
   run_step "conv gpu bench, per-sample" "$GM_LOG/conv_bench_per_sample.log" "$GM_CONV_BENCH" --batch 64 --per-sample
+fi
+
+# same-binary A/B benches of kernel changes made without a device (bench/gpu/ab/README.md): the
+# kernels last measured against their unmeasured successors, timed and compared bit for bit
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_AB:-0}" != 1 ] && [ "$GM_BUILD_OK" -eq 1 ]; then
+  for gm_ab in bench/gpu/ab/*.cu; do
+    [ -e "$gm_ab" ] || continue
+    gm_ab_name="$(basename "$gm_ab" .cu)"
+    run_step "ab build $gm_ab_name" "$GM_LOG/ab_$gm_ab_name.log" cmake --build "$BUILD_DIR" -j "$JOBS" --target "greenmim_ab_$gm_ab_name" &&
+      run_step "ab $gm_ab_name" "$GM_LOG/ab_$gm_ab_name.log" "$BUILD_DIR/bin/greenmim_ab_$gm_ab_name"
+  done
 fi
 
 # ---- Python steps ---------------------------------------------------------------------------------------
