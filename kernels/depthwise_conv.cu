@@ -195,8 +195,9 @@ __device__ __forceinline__ int ws_slot(int cl) {
 //! stayed at 22-34% of a copy's rate: each tap was a branch (`if no neighbour: skip`) around a load
 //! that the next instruction waited on, so a warp had one row in flight, and each address took
 //! 4-7 integer instructions (ptxas recomputed sample * stride + offset in 64 bits at every tap).
-//! This version has 3-4 rows in flight a thread (bf16, 64 registers) and 31% fewer instructions
-//! in its per-sample loop on sm_90 (254 against 368 for bf16, U = 1). Its speed is unmeasured.
+//! This version has up to 4 rows in flight a thread (2 on average over its tap loop; bf16, 64
+//! registers; scripts/kernel_sass) and 31% fewer instructions in its per-sample loop on sm_90 (254
+//! against 368 for bf16, U = 1). Its speed is unmeasured (bench/gpu/ab/peg_ab.cu will tell).
 template <class T, int V, int U, class Off>
 __global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply(const dw_params p) {
   // [tap][ws_slot<V>(channel in block)], and the bias as a 10th row
@@ -282,7 +283,7 @@ __global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply(const d
         }
       }
       // every tap's rows loaded before any is used (ptxas keeps as many in flight as its registers
-      // allow: 3-4 16-byte rows a thread where the kernel before waited on each load in turn)
+      // allow: up to 4 16-byte rows a thread where the kernel before waited on each load in turn)
       typename io::raw x[k_taps][U];
 #pragma unroll
       for (int o = 0; o < k_taps; ++o)

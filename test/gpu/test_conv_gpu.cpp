@@ -380,11 +380,14 @@ std::vector<bytes> depthwise_strided(const greenmim::neighbor_table& t, std::int
   return {y.download(), dx.download(), float_bytes(dweight.download()), float_bytes(dbias.download())};
 }
 
-TEST_CASE("gpu depthwise conv: rows 2^31 elements apart (64-bit offsets) give the bits of dense rows (32-bit offsets)") {
+TEST_CASE("gpu depthwise conv: rows 2^32 elements apart (64-bit offsets) give the bits of dense rows (32-bit offsets)") {
   // The kernels hold a tap's row offset within a sample as uint32 where every offset fits
-  // (dw_offsets_fit_int32), else as int64. Rows of x and dy 2^31 / (N - 1) elements apart take the
-  // 64-bit path in the forward, dx and dweight; samples C apart (inputs may overlap) keep the
-  // buffers at about 2^31 elements, of which only the rows are touched.
+  // (dw_offsets_fit_int32), else as int64. Rows of x and dy 2^32 / (N - 1) elements apart take the
+  // 64-bit path in the forward, dx and dweight, and their last rows lie past 2^32 elements, where
+  // a 32-bit offset would wrap (so the test fails if the host picks the 32-bit kernels there, or
+  // if the 64-bit ones compute in 32 bits). Samples C apart (inputs may overlap) keep each buffer
+  // at about 2^32 elements (8 GiB of bf16, 16 of fp32) of which only the rows are touched: the
+  // emulator maps such buffers without committing them.
   GM_SKIP_WITHOUT_DEVICE();
   using greenmim::detail::cuda::dw_offsets_fit_int32;
   const std::uint64_t seed = fresh_seed();
@@ -398,15 +401,17 @@ TEST_CASE("gpu depthwise conv: rows 2^31 elements apart (64-bit offsets) give th
   const std::int64_t N = t.num_tokens;
   REQUIRE(N >= 2);
   struct shape { std::int64_t B, C; gm_dtype dt; };
-  // C 16 bf16: the vector path; C 12 fp16: the scalar path; B 600: two samples per thread (U = 2)
+  // C 16 bf16 / C 8 fp32: the vector path; C 12 fp16: the scalar path; B 600: two samples per
+  // thread (U = 2)
   for (const shape sh : {shape{1, 16, GM_BFLOAT16}, shape{600, 16, GM_BFLOAT16}, shape{1, 12, GM_FLOAT16},
-                         shape{600, 12, GM_FLOAT16}}) {
+                         shape{600, 12, GM_FLOAT16}, shape{1, 8, GM_FLOAT32}}) {
     const std::int64_t B = sh.B, C = sh.C;
     INFO("B " << B << " C " << C << " dtype " << gm_dtype_name(sh.dt));
     const htensor hx = random_htensor(sh.dt, static_cast<std::size_t>(B * N * C), rng);
     const htensor hdy = random_htensor(sh.dt, static_cast<std::size_t>(B * N * C), rng);
     const auto w = random_floats(static_cast<std::size_t>(C) * 9, rng), bias = random_floats(static_cast<std::size_t>(C), rng);
-    const std::int64_t far = ((std::int64_t(1) << 31) / (N - 1) + 8) / 8 * 8;  // 16-byte aligned rows
+    const std::int64_t far = ((std::int64_t(1) << 32) / (N - 1) + 8) / 8 * 8;  // 16-byte aligned rows
+    REQUIRE((N - 1) * far > (std::int64_t(1) << 32));  // the last row's offset wraps in 32 bits
     REQUIRE_FALSE(dw_offsets_fit_int32(N, far, C));
     const std::int64_t dense[3] = {N * C, C, 1}, strided[3] = {C, far, 1};
     const auto a = depthwise_strided(t, B, C, sh.dt, hx, hdy, w, bias, dense, dense);
@@ -429,8 +434,9 @@ TEST_CASE("gpu depthwise conv: arbitrary tables; out-of-range entries read as ze
   std::mt19937_64 rng(seed);
   const index_t bad[] = {greenmim::pad_index, -7, std::numeric_limits<index_t>::min(), std::numeric_limits<index_t>::max()};
   struct shape { std::int64_t B, N, C; gm_dtype dt; };
+  // B 600 at small N: two samples per thread (U = 2)
   for (const shape sh : {shape{3, 37, 16, GM_BFLOAT16}, shape{2, 300, 24, GM_FLOAT32}, shape{5, 29, 12, GM_FLOAT16},
-                         shape{1, 700, 64, GM_BFLOAT16}}) {
+                         shape{1, 700, 64, GM_BFLOAT16}, shape{600, 20, 16, GM_BFLOAT16}, shape{600, 20, 8, GM_FLOAT32}}) {
     const std::int64_t B = sh.B, N = sh.N, C = sh.C;
     for (int poisoned_tensor = 0; poisoned_tensor < 2; ++poisoned_tensor) {  // 0: x, 1: dy
       INFO("B " << B << " N " << N << " C " << C << " dtype " << gm_dtype_name(sh.dt) << " NaN rows in "
