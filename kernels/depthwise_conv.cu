@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply(const d
   for (int t = static_cast<int>(t_first); t < t_stop; t += rows) {
     // the token's 9 table entries (dx: read mirrored, o <-> 8 - o), then each tap's element offset
     // in a sample; a missing neighbour reads the token's own row instead (a real row, so that every
-    // load is unconditional and a chunk's loads issue together) and its product is dropped by a
+    // load is unconditional and all taps' loads issue together) and its product is dropped by a
     // predicate, which leaves acc bit for bit as skipping the tap does, Inf and NaN included
     index_t s[k_taps];
     const index_t* row = p.nbr + static_cast<std::int64_t>(t) * k_taps;
@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply(const d
       }
 #pragma unroll
       for (int u = 0; u < U; ++u)
-        if (live[u])  // the row's offset computed here, not held across the taps (it spilled)
+        if (live[u])
           io::store(out + (static_cast<std::int64_t>(b + u * gz) * p.out_s0 + static_cast<std::int64_t>(t) * p.out_s1 + c0), acc[u]);
     }
   }
