@@ -176,7 +176,10 @@ def _w_prime_view(w4: Tensor, morton: bool) -> Tensor:
 class _WPrime(torch.autograd.Function):
     """W' from the weight in one copy (permute and cast), and the weight's gradient back in one
     copy: autograd's own backward of the copy made two (the cast to the weight's dtype in W''s
-    order, then AccumulateGrad's clone into the weight's layout)."""
+    order, then AccumulateGrad's clone into the weight's layout). The gradient takes the weight's
+    memory format, contiguous or channels_last (``model.to(memory_format=torch.channels_last)``),
+    which AccumulateGrad would otherwise clone it into. A channels_last weight also makes both
+    copies nearly contiguous: W' and the weight then both keep C_in innermost."""
 
     @staticmethod
     def forward(weight: Tensor, dtype: torch.dtype, morton: bool) -> Tensor:
@@ -190,10 +193,12 @@ class _WPrime(torch.autograd.Function):
     def setup_context(ctx, inputs, output) -> None:
         weight, _, morton = inputs
         ctx.shape, ctx.wdtype, ctx.morton = weight.shape, weight.dtype, morton
+        ctx.channels_last = not weight.is_contiguous() and weight.is_contiguous(memory_format=torch.channels_last)
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        gw = torch.empty(ctx.shape, dtype=ctx.wdtype, device=g.device)  # the weight's layout
+        fmt = torch.channels_last if ctx.channels_last else torch.contiguous_format  # the weight's layout
+        gw = torch.empty(ctx.shape, dtype=ctx.wdtype, device=g.device, memory_format=fmt)
         v = _w_prime_view(gw, ctx.morton)
         v.copy_(g.reshape(v.shape))
         return gw, None, None
@@ -205,7 +210,7 @@ def w_prime(weight: Tensor, dtype: Optional[torch.dtype] = None, morton: bool = 
     tap (i, j)'s bits interleaved i_{b-1} j_{b-1} .. i_0 j_0 (a view and a permute of the bit axes:
     no index tensor, so CUDA graphs capture it). One copy that permutes and casts (a cast, then a
     permuting reshape, would be two kernels); differentiable in ``weight``, whose gradient comes
-    back in one copy too, contiguous in the weight's layout (``_WPrime``)."""
+    back in one copy too, in the weight's memory format (``_WPrime``)."""
     return _WPrime.apply(weight, dtype or weight.dtype, morton)
 
 

@@ -298,21 +298,25 @@ def test_block_conv_reshape_path_under_autocast_and_a_false_claim():
     torch.testing.assert_close(got64, greenmim.block_conv(x64, t, w64, b64, algo="reference"))
 
 
-def test_w_prime_gradient_is_one_copy_in_the_weights_layout():
-    """W''s backward writes the weight's gradient in one copy, contiguous in the weight's layout
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
+def test_w_prime_gradient_is_one_copy_in_the_weights_layout(fmt):
+    """W''s backward writes the weight's gradient in one copy, in the weight's memory format
     (autograd's own backward of the permuting cast made two: a cast in W''s order, then
-    AccumulateGrad's clone into the weight's strides), with the values of the plain permute."""
+    AccumulateGrad's clone into the weight's strides; a contiguous gradient for a channels_last
+    weight would be cloned too), with the values of the plain permute."""
     from greenmim._conv_backend import _w_prime_view, w_prime
 
     for s, morton in ((1, False), (2, True), (4, True), (8, True), (3, False)):
-        w = torch.randn(6, 5, s, s, requires_grad=True)
+        w = torch.randn(6, 5, s, s).to(memory_format=fmt).requires_grad_(True)
         wp = w_prime(w, torch.bfloat16, morton=morton)
         r = torch.randn(wp.shape, dtype=torch.bfloat16)
         with _OpNames() as ops:
             torch.autograd.backward(wp, r)
         copies = [n for n in ops.names if "copy" in n or "clone" in n]
         assert len(copies) == 1, ops.names
-        assert w.grad.is_contiguous() and w.grad.dtype == torch.float32
+        # the weight's strides (size-1 dims aside: AccumulateGrad's layout contract ignores them)
+        assert all(a == b for a, b, n in zip(w.grad.stride(), w.stride(), w.shape) if n > 1), (w.grad.stride(), w.stride())
+        assert w.grad.dtype == torch.float32
         # the plain path's gradient: the same view (its order is checked against morton_rank
         # below), autograd's copies
         w2 = w.detach().clone().requires_grad_(True)

@@ -178,6 +178,26 @@ def test_training_step_reduces_loss_and_reaches_every_parameter():
         assert p.grad is not None and p.grad.abs().sum() > 0, n
 
 
+def test_channels_last_model_matches():
+    """``model.to(memory_format=torch.channels_last)`` (a timm habit; W' of the block convs then
+    copies with C_in innermost, test_conv_ops) gives the contiguous model's features and
+    gradients: no path assumes a contiguous weight."""
+    torch.manual_seed(1)
+    a = greenmim.VisibleTwins(**TINY).double()
+    b = greenmim.VisibleTwins(**TINY).double()
+    b.load_state_dict(a.state_dict())
+    b = b.to(memory_format=torch.channels_last)
+    assert any(p.dim() == 4 and not p.is_contiguous() for p in b.parameters())
+    x = torch.randn(2, 3, 224, 224, dtype=torch.float64)
+    plan = a.plan(_patch_masks(2))
+    fa, fb = (m.forward_features(x, plan) for m in (a, b))
+    torch.testing.assert_close(fb, fa)
+    for f in (fa, fb):
+        f.square().mean().backward()
+    for (n, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad, msg=n)
+
+
 def test_compile_fullgraph_matches_eager():
     """Two stages (every kind of layer: LSA, GSA with sub-sampling, PEG, a patch embedding
     between stages) keep the compile time down."""
