@@ -16,7 +16,9 @@
                        [N_out, s*s*C_in] rows, bf16 weights; target: >= 60% of its rate), the
                        same GEMM as a mixed-precision layer pays it (F.linear under autocast with
                        fp32 weight and bias: their casts, the bias, fp32 gradients) and the dense
-                       cuDNN conv over the full grid (target: faster)
+                       cuDNN conv over the full grid (target: faster); and the default path with
+                       the weight channels_last (as after model.to(memory_format=
+                       torch.channels_last)), against the autocast layer
 
 On CUDA each callable is captured in a CUDA graph and its replays timed with events (the GPU's
 time, as the trainer's --cuda_graphs runs them); --eager times each call alone, synchronized,
@@ -173,6 +175,12 @@ def main(argv=None) -> int:
                 amp = run(amp_linear, A)
                 emit(op, s, keep, ours, "autocast F.linear (fp32 weight, bias)", amp, tflops(ours[0]), tflops(amp[0]),
                      "TFLOP/s")
+                # the weight channels_last (model.to(memory_format=torch.channels_last)): W''s copy
+                # and its gradient's read and write C_in contiguously
+                wk_cl = wk.detach().to(memory_format=torch.channels_last).requires_grad_(True)
+                cl = run(lambda x: greenmim.block_conv(x, table, wk_cl, bk), x)
+                emit(op + " (channels_last weight)", s, keep, cl, "autocast F.linear (fp32 weight, bias)", amp,
+                     tflops(cl[0]), tflops(amp[0]), "TFLOP/s")
                 gathered = dataclasses.replace(table, reshape=False)     # the path of partly visible blocks
                 via_gather = run(lambda x: greenmim.block_conv(x, gathered, wk, bk), x)
                 emit(op + " (gather + cuBLAS)", s, keep, via_gather, "cuBLAS GEMM", gemm, tflops(via_gather[0]),

@@ -97,9 +97,11 @@ def test_twins_ops_bench_smoke_on_cpu():
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [l for l in out.stdout.splitlines() if l.startswith("| ") and l[2].isalpha() and "| op |" not in l]
     # 3 stages x (PEG: copy, masked dense; 2 block convs x (3 peers: cuBLAS, autocast F.linear,
-    # dense cuDNN; the gather path and the fused kernels against cuBLAS))
-    assert len(rows) == 3 * 12
-    assert sum("autocast F.linear" in l for l in rows) == 3 * 2
+    # dense cuDNN; the gather path and the fused kernels against cuBLAS; the channels_last weight
+    # against autocast F.linear))
+    assert len(rows) == 3 * 14
+    assert sum("(channels_last weight)" in l for l in rows) == 3 * 2
+    assert sum("autocast F.linear" in l for l in rows) == 3 * 4
     assert sum("(fused kernels)" in l for l in rows) == 3 * 2
     assert sum("(gather + cuBLAS)" in l for l in rows) == 3 * 2
     assert out.stdout.rstrip().endswith("twins_ops: done")
