@@ -80,35 +80,64 @@ bytes float_bytes(const std::vector<float>& v) {
   return b;
 }
 
-//! Runs forward and backward, checks them against the reference; returns every output's bytes.
-std::vector<bytes> depthwise_case(const char* name, const std::vector<index_t>& cu, const std::vector<index_t>& coords, index_t grid,
-                    std::int64_t B, std::int64_t C, gm_dtype dt, bool residual, std::mt19937_64& rng) {
-  INFO(name << " dtype " << gm_dtype_name(dt) << " B " << B << " C " << C << " residual " << residual);
-  greenmim::neighbor_table t;
-  greenmim::check(greenmim::build_neighbor_table_per_sample(grid, grid, 3, span<const index_t>(cu),
-                                                            span<const index_t>(coords), t));
+//! A device output's bytes in dtype `dt`, as doubles.
+std::vector<double> as_doubles(const bytes& b, gm_dtype dt) {
+  htensor h(dt, b.size() / gm_dtype_size(dt));
+  h.bytes = b;
+  return as_double(h);
+}
+
+//! float32 bytes as doubles.
+std::vector<double> floats_as_doubles(const bytes& b) {
+  std::vector<double> v(b.size() / sizeof(float));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    float f;
+    std::memcpy(&f, b.data() + i * sizeof(float), sizeof f);
+    v[i] = f;
+  }
+  return v;
+}
+
+//! Forward and backward of the depthwise conv with x and dy read through `sx` / `sdy` ([B, N, C]
+//! strides, elements) in buffers of `span` elements whose rows hold the dense tensors `hx`, `hdy`.
+//! Checks the workspace size and that dweight and dbias come out bitwise the same over a poisoned
+//! workspace. Returns y, dx, dweight and dbias's bytes.
+std::vector<bytes> depthwise_strided(const greenmim::neighbor_table& t, std::int64_t B, std::int64_t C, gm_dtype dt,
+                                     const htensor& hx, const htensor& hdy, const std::vector<float>& w,
+                                     const std::vector<float>& bias, const std::int64_t (&sx)[3],
+                                     const std::int64_t (&sdy)[3], bool residual = true) {
   const std::int64_t N = t.num_tokens;
   const std::size_t es = gm_dtype_size(dt);
-  const htensor hx = random_htensor(dt, static_cast<std::size_t>(B * N * C), rng);
-  const htensor hdy = random_htensor(dt, static_cast<std::size_t>(B * N * C), rng);
-  const auto w = random_floats(static_cast<std::size_t>(C) * 9, rng), bias = random_floats(static_cast<std::size_t>(C), rng);
-  dbuf<unsigned char> x = to_device(hx), dy = to_device(hdy);
+  auto span_of = [&](const std::int64_t (&s)[3]) { return static_cast<std::size_t>((B - 1) * s[0] + (N - 1) * s[1] + C); };
+  // buffers sized by the strides; only the rows are written (the rest of a large one is never touched)
+  auto place = [&](const htensor& h, const std::int64_t (&s)[3]) {
+    dbuf<unsigned char> d(span_of(s) * es);
+    if (s[0] == N * C && s[1] == C) {  // dense: one copy
+      d.upload(h.bytes);
+      return d;
+    }
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t n = 0; n < N; ++n)
+        REQUIRE(cudaMemcpy(d.p + (b * s[0] + n * s[1]) * static_cast<std::int64_t>(es), h.bytes.data() + ((b * N + n) * C) * es,
+                           static_cast<std::size_t>(C) * es, cudaMemcpyHostToDevice) == cudaSuccess);
+    return d;
+  };
+  dbuf<unsigned char> x = place(hx, sx), dy = place(hdy, sdy);
   dbuf<unsigned char> y(static_cast<std::size_t>(B * N * C) * es), dx(static_cast<std::size_t>(B * N * C) * es);
-  y.fill_bytes(0xFF);
+  y.fill_bytes(0xFF);  // NaN: an output row left unwritten shows
   dx.fill_bytes(0xFF);
   dbuf<index_t> nbr = to_device(t.nbr);
-  dbuf<float> dw_d = to_device(w), bias_d = to_device(bias), dweight(static_cast<std::size_t>(C) * 9),
-              dbias(static_cast<std::size_t>(C));
+  dbuf<float> wd = to_device(w), bd = to_device(bias), dweight(static_cast<std::size_t>(C) * 9), dbias(static_cast<std::size_t>(C));
   gm_depthwise_conv_args a{};
   a.dtype = dt;
-  a.x = make_tensor(x.p, {B, N, C}, {N * C, C, 1});
+  a.x = make_tensor(x.p, {B, N, C}, {sx[0], sx[1], sx[2]});
+  a.dy = make_tensor(dy.p, {B, N, C}, {sdy[0], sdy[1], sdy[2]});
   a.y = make_tensor(y.p, {B, N, C}, {N * C, C, 1});
-  a.dy = make_tensor(dy.p, {B, N, C}, {N * C, C, 1});
   a.dx = make_tensor(dx.p, {B, N, C}, {N * C, C, 1});
   a.nbr = nbr.p;
   a.kernel = 3;
-  a.weight = dw_d.p;
-  a.bias = bias_d.p;
+  a.weight = wd.p;
+  a.bias = bd.p;
   a.dweight = dweight.p;
   a.dbias = dbias.p;
   a.residual = residual ? 1 : 0;
@@ -121,6 +150,30 @@ std::vector<bytes> depthwise_case(const char* name, const std::vector<index_t>& 
   dbuf<unsigned char> ws(ws_bytes);
   GM_CHECK_CUDA(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr));
   GM_CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<bytes> out{y.download(), dx.download(), float_bytes(dweight.download()), float_bytes(dbias.download())};
+  // bitwise deterministic weight gradients: run again over a poisoned workspace
+  ws.fill_bytes(0x7F);
+  GM_CHECK_CUDA(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr));
+  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK(float_bytes(dweight.download()) == out[2]);
+  CHECK(float_bytes(dbias.download()) == out[3]);
+  return out;
+}
+
+
+//! Runs forward and backward, checks them against the reference; returns every output's bytes.
+std::vector<bytes> depthwise_case(const char* name, const std::vector<index_t>& cu, const std::vector<index_t>& coords, index_t grid,
+                    std::int64_t B, std::int64_t C, gm_dtype dt, bool residual, std::mt19937_64& rng) {
+  INFO(name << " dtype " << gm_dtype_name(dt) << " B " << B << " C " << C << " residual " << residual);
+  greenmim::neighbor_table t;
+  greenmim::check(greenmim::build_neighbor_table_per_sample(grid, grid, 3, span<const index_t>(cu),
+                                                            span<const index_t>(coords), t));
+  const std::int64_t N = t.num_tokens;
+  const htensor hx = random_htensor(dt, static_cast<std::size_t>(B * N * C), rng);
+  const htensor hdy = random_htensor(dt, static_cast<std::size_t>(B * N * C), rng);
+  const auto w = random_floats(static_cast<std::size_t>(C) * 9, rng), bias = random_floats(static_cast<std::size_t>(C), rng);
+  const std::int64_t dense[3] = {N * C, C, 1};
+  const auto out = depthwise_strided(t, B, C, dt, hx, hdy, w, bias, dense, dense, residual);
   // reference in double on the device's inputs
   const auto xd = as_double(hx), dyd = as_double(hdy), wd = widen(w), bd = widen(bias);
   std::vector<double> y_ref(xd.size()), dx_ref(xd.size()), dw_ref(wd.size()), db_ref(bd.size());
@@ -134,19 +187,11 @@ std::vector<bytes> depthwise_case(const char* name, const std::vector<index_t>& 
               make_view(dx_ref.data(), B, N, C), make_view(dw_ref.data(), C, 9), span<double>(db_ref)) ==
           greenmim::status::success);
   const double tol = tolerance(dt);
-  CHECK(rel_error(download_double(y, dt), y_ref) <= tol);
-  CHECK(rel_error(download_double(dx, dt), dx_ref) <= tol);
-  const auto dw1 = dweight.download(), db1 = dbias.download();
-  CHECK(rel_error(widen(dw1), dw_ref) <= 1e-5);
-  CHECK(rel_error(widen(db1), db_ref) <= 1e-5);
-  // bitwise deterministic weight gradients: run again over a poisoned workspace
-  ws.fill_bytes(0x7F);
-  GM_CHECK_CUDA(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr));
-  GM_CHECK_CUDA(cudaDeviceSynchronize());
-  const auto dw2 = dweight.download(), db2 = dbias.download();
-  CHECK(std::memcmp(dw1.data(), dw2.data(), dw1.size() * sizeof(float)) == 0);
-  CHECK(std::memcmp(db1.data(), db2.data(), db1.size() * sizeof(float)) == 0);
-  return {y.download(), dx.download(), float_bytes(dw1), float_bytes(db1)};
+  CHECK(rel_error(as_doubles(out[0], dt), y_ref) <= tol);
+  CHECK(rel_error(as_doubles(out[1], dt), dx_ref) <= tol);
+  CHECK(rel_error(floats_as_doubles(out[2]), dw_ref) <= 1e-5);
+  CHECK(rel_error(floats_as_doubles(out[3]), db_ref) <= 1e-5);
+  return out;
 }
 
 //! `grads`: 0 = dweight and dbias, 1 = dweight alone, 2 = dbias alone.
@@ -335,51 +380,6 @@ TEST_CASE("gpu depthwise conv: dweight and dbias bits do not depend on the input
   }
 }
 
-//! Forward and backward of the depthwise conv with x and dy read through `sx` / `sdy` ([B, N, C]
-//! strides, elements) in buffers of `span` elements whose rows hold the dense tensors `hx`, `hdy`.
-//! Returns y, dx, dweight and dbias's bytes.
-std::vector<bytes> depthwise_strided(const greenmim::neighbor_table& t, std::int64_t B, std::int64_t C, gm_dtype dt,
-                                     const htensor& hx, const htensor& hdy, const std::vector<float>& w,
-                                     const std::vector<float>& bias, const std::int64_t (&sx)[3],
-                                     const std::int64_t (&sdy)[3], bool residual = true) {
-  const std::int64_t N = t.num_tokens;
-  const std::size_t es = gm_dtype_size(dt);
-  auto span_of = [&](const std::int64_t (&s)[3]) { return static_cast<std::size_t>((B - 1) * s[0] + (N - 1) * s[1] + C); };
-  // buffers sized by the strides; only the rows are written (the rest of a large one is never touched)
-  auto place = [&](const htensor& h, const std::int64_t (&s)[3]) {
-    dbuf<unsigned char> d(span_of(s) * es);
-    for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t n = 0; n < N; ++n)
-        REQUIRE(cudaMemcpy(d.p + (b * s[0] + n * s[1]) * static_cast<std::int64_t>(es), h.bytes.data() + ((b * N + n) * C) * es,
-                           static_cast<std::size_t>(C) * es, cudaMemcpyHostToDevice) == cudaSuccess);
-    return d;
-  };
-  dbuf<unsigned char> x = place(hx, sx), dy = place(hdy, sdy);
-  dbuf<unsigned char> y(static_cast<std::size_t>(B * N * C) * es), dx(static_cast<std::size_t>(B * N * C) * es);
-  dbuf<index_t> nbr = to_device(t.nbr);
-  dbuf<float> wd = to_device(w), bd = to_device(bias), dweight(static_cast<std::size_t>(C) * 9), dbias(static_cast<std::size_t>(C));
-  gm_depthwise_conv_args a{};
-  a.dtype = dt;
-  a.x = make_tensor(x.p, {B, N, C}, {sx[0], sx[1], sx[2]});
-  a.dy = make_tensor(dy.p, {B, N, C}, {sdy[0], sdy[1], sdy[2]});
-  a.y = make_tensor(y.p, {B, N, C}, {N * C, C, 1});
-  a.dx = make_tensor(dx.p, {B, N, C}, {N * C, C, 1});
-  a.nbr = nbr.p;
-  a.kernel = 3;
-  a.weight = wd.p;
-  a.bias = bd.p;
-  a.dweight = dweight.p;
-  a.dbias = dbias.p;
-  a.residual = residual ? 1 : 0;
-  GM_CHECK_CUDA(gm_depthwise_conv_fwd(&a, nullptr));
-  std::size_t ws_bytes = 0;
-  GM_CHECK_CUDA(gm_depthwise_conv_bwd_workspace_size(&a, &ws_bytes));
-  dbuf<unsigned char> ws(ws_bytes);
-  GM_CHECK_CUDA(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr));
-  GM_CHECK_CUDA(cudaDeviceSynchronize());
-  return {y.download(), dx.download(), float_bytes(dweight.download()), float_bytes(dbias.download())};
-}
-
 TEST_CASE("gpu depthwise conv: rows 2^32 elements apart (64-bit offsets) give the bits of dense rows (32-bit offsets)") {
   // The kernels hold a tap's row offset within a sample as uint32 where every offset fits
   // (dw_offsets_fit_int32), else as int64. Rows of x and dy 2^32 / (N - 1) elements apart take the
@@ -480,27 +480,13 @@ TEST_CASE("gpu depthwise conv: arbitrary tables; out-of-range entries read as ze
                   tn, 3, make_view(xd.data(), B, N, C), make_view(wd.data(), C, 9), make_view(dyd.data(), B, N, C), false,
                   make_view(dx_ref.data(), B, N, C), make_view(dw_ref.data(), C, 9), span<double>(db_ref)) ==
               greenmim::status::success);
-      auto as_doubles = [&](const bytes& b) {
-        htensor h(sh.dt, b.size() / gm_dtype_size(sh.dt));
-        h.bytes = b;
-        return as_double(h);
-      };
-      auto floats = [](const bytes& b) {
-        std::vector<double> v(b.size() / sizeof(float));
-        for (std::size_t i = 0; i < v.size(); ++i) {
-          float f;
-          std::memcpy(&f, b.data() + i * sizeof(float), sizeof f);
-          v[i] = f;
-        }
-        return v;
-      };
       const double tol = tolerance(sh.dt);
       if (poisoned_tensor == 0) {  // NaN in x: y and dweight read x (dx and dbias read dy alone)
-        CHECK(rel_error(as_doubles(out[0]), y_ref) <= tol);
-        CHECK(rel_error(floats(out[2]), dw_ref) <= 1e-5);
+        CHECK(rel_error(as_doubles(out[0], sh.dt), y_ref) <= tol);
+        CHECK(rel_error(floats_as_doubles(out[2]), dw_ref) <= 1e-5);
       }
-      CHECK(rel_error(as_doubles(out[1]), dx_ref) <= tol);  // NaN in dy: dx alone is finite
-      if (poisoned_tensor == 0) CHECK(rel_error(floats(out[3]), db_ref) <= 1e-5);
+      CHECK(rel_error(as_doubles(out[1], sh.dt), dx_ref) <= tol);  // NaN in dy: dx alone is finite
+      if (poisoned_tensor == 0) CHECK(rel_error(floats_as_doubles(out[3]), db_ref) <= 1e-5);
     }
   }
 }
