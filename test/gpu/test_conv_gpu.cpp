@@ -47,11 +47,16 @@ std::vector<float> random_floats(std::size_t n, std::mt19937_64& rng) {
 
 std::vector<double> widen(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
 
-std::vector<double> download_double(const dbuf<unsigned char>& d, gm_dtype dt) {
-  htensor h(dt, d.n / gm_dtype_size(dt));
-  h.bytes = d.download();
+using bytes = std::vector<unsigned char>;
+
+//! A device output's bytes in dtype `dt`, as doubles.
+std::vector<double> as_doubles(const bytes& b, gm_dtype dt) {
+  htensor h(dt, b.size() / gm_dtype_size(dt));
+  h.bytes = b;
   return as_double(h);
 }
+
+std::vector<double> download_double(const dbuf<unsigned char>& d, gm_dtype dt) { return as_doubles(d.download(), dt); }
 
 //! Visible coordinates of a random mask with `unit` tokens per mask unit on a grid x grid stage.
 std::vector<index_t> unit_mask_coords(std::mt19937_64& rng, index_t grid, index_t unit, double ratio) {
@@ -63,8 +68,6 @@ std::vector<index_t> unit_mask_coords(std::mt19937_64& rng, index_t grid, index_
   greenmim::check(greenmim::visible_coords(span<const std::uint8_t>(um), cfg.grid(), grid, c));
   return c;
 }
-
-using bytes = std::vector<unsigned char>;
 
 //! The s x s block table of one sample's visible coordinates `c` on a 16 x 16 stage.
 greenmim::block_table block_table_16(const std::vector<index_t>& c, index_t s = 4) {
@@ -78,13 +81,6 @@ bytes float_bytes(const std::vector<float>& v) {
   bytes b(v.size() * sizeof(float));
   if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
   return b;
-}
-
-//! A device output's bytes in dtype `dt`, as doubles.
-std::vector<double> as_doubles(const bytes& b, gm_dtype dt) {
-  htensor h(dt, b.size() / gm_dtype_size(dt));
-  h.bytes = b;
-  return as_double(h);
 }
 
 //! float32 bytes as doubles.
