@@ -283,20 +283,24 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
 
 
 def trace_steps(step, row: str, args, device) -> None:
-    """Three more steps under torch.profiler: a Chrome trace in args.trace, and the ops that cost
-    the most host time and device time printed (where a step waits: the host or the GPU)."""
+    """args.trace_steps more steps (3; 1 with --toy) under torch.profiler: a Chrome trace in
+    args.trace, and the ops that cost the most host time and device time printed (where a step
+    waits: the host or the GPU). On the CPU a toy step records about 10,000 events, and torch's
+    key_averages() takes about 3 s of host time per step recorded: the profiling, not the steps,
+    would be most of a toy run."""
     import os
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=acts) as prof:
-        for _ in range(3):
+        for _ in range(args.trace_steps):
             step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     os.makedirs(args.trace, exist_ok=True)
     path = os.path.join(args.trace, f"trace_{args.model}_{row}.json")
     prof.export_chrome_trace(path)
-    print(f"\n## {row}: 3 steps under torch.profiler (Chrome trace {path})")
+    print(f"\n## {row}: {args.trace_steps} step{'s' if args.trace_steps > 1 else ''} under torch.profiler "
+          f"(Chrome trace {path})")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
     if device.type == "cuda":
         print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=60))
@@ -370,7 +374,7 @@ def main(argv=None) -> int:
     ap.add_argument("--csv", default=None, help="also write the rows here")
     ap.add_argument("--no-breakdown", action="store_true")
     ap.add_argument("--trace", default=None, metavar="DIR",
-                    help="also run 3 steps of each row under torch.profiler: a Chrome trace per row in DIR, and the "
+                    help="also run 3 steps (1 with --toy) of each row under torch.profiler: a Chrome trace per row in DIR, and the "
                          "ops with the most host and device time (--plans inline)")
     ap.add_argument("--plans", choices=("inline", "loader"), default="inline",
                     help="inline: each step draws and plans its mask; loader: planned and pinned before the timed "
@@ -400,6 +404,7 @@ def main(argv=None) -> int:
     if args.toy:
         args.model = "toy-twins" if args.twins else ("toy-v2" if MODELS[args.model][3] else "toy")
         args.batch, args.steps, args.warmup, args.reps, args.device = 2, 1, 1, 1, "cpu"
+    args.trace_steps = 1 if args.toy else 3
     if args.compile and not args.full:
         ap.error("--compile needs --full (it compiles the whole pretraining models)")
     if args.graphs and (not args.full or args.device != "cuda" or args.trace):
