@@ -40,10 +40,10 @@ jobs="$(nproc 2>/dev/null || echo 2)"
 host_tests=()
 [ -n "${GM_HOST_TESTS:-}" ] && host_tests=(-DGREENMIM_HOST_TESTS="$GM_HOST_TESTS")
 if [ ! -f build/CMakeCache.txt ]; then
-  cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "${host_tests[@]}" ${GREENMIM_CMAKE_ARGS:-}
+  cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release ${host_tests[@]+"${host_tests[@]}"} ${GREENMIM_CMAKE_ARGS:-}
 elif [ "$setup_mode" != demo ]; then
   # picks up packages installed since (a build configured by scripts/demo)
-  cmake -S . -B build "${host_tests[@]}" >/dev/null
+  cmake -S . -B build ${host_tests[@]+"${host_tests[@]}"} >/dev/null
 fi
 # The PyTorch package's tests (scripts/test sets GM_WITH_PYTHON=1): a virtual environment with the
 # pinned torch, timm and pytest (scripts/python_env.sh; installed once, reused after), handed to
