@@ -197,7 +197,10 @@ __device__ __forceinline__ int ws_slot(int cl) {
 //! 4-7 integer instructions (ptxas recomputed sample * stride + offset in 64 bits at every tap).
 //! This version has up to 4 rows in flight a thread (2 on average over its tap loop; bf16, 64
 //! registers; scripts/kernel_sass) and 31% fewer instructions in its per-sample loop on sm_90 (254
-//! against 368 for bf16, U = 1). Its speed is unmeasured (bench/gpu/ab/peg_ab.cu will tell).
+//! against 368 for bf16, U = 1). On an H100 (docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-27/) it ran
+//! 1.06-1.25x faster than its predecessor (18.4 us at Twins-L stage 1, per-sample: 27% of a copy's
+//! rate), and ncu found L1 at 78% of its throughput: 9 rows read per output. Staging a tile in
+//! shared memory (same SRAM) was 1.1-1.7x slower; reusing rows across outputs is what remains.
 template <class T, int V, int U, class Off>
 __global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply(const dw_params p) {
   // [tap][ws_slot<V>(channel in block)], and the bias as a 10th row
@@ -328,6 +331,9 @@ struct dw_grad_params {
 //! instead of 75) and the PEG backward at Twins-L stage 1 took 56 us instead of 68 (H100); the
 //! 32-bit path now takes 69-71 registers whatever the minimum, and the minimum of 3 keeps the
 //! others (V = 1, or 64-bit offsets: 88-93 registers with a minimum of 1) at 3 CTAs per SM.
+//! H100, 2026-11-27: 27.0 us at Twins-L stage 1 per-sample (38.8 before the 32-bit offsets);
+//! latency-bound (ncu: L1 34%, occupancy 35%). 4 channels a thread (92 registers, 2 CTAs per SM)
+//! was 1.07-1.33x slower.
 template <class T, int V, class Off>
 __global__ void __launch_bounds__(k_dw_threads, 3) dw_grad_partial(const dw_grad_params p) {
   constexpr int K = (k_taps + 1) * V;  // a thread's sums: [tap or bias][v]

@@ -76,7 +76,10 @@ inline dw_grad_split dw_grad_split_for(std::int64_t tokens, std::int64_t batch, 
 //! neighbour indices), then consecutive tiles (a packed per-sample batch has B = 1 and all its
 //! tokens on one axis). Shapes only. Requires tiles, cblocks, batch >= 1. The minimum of 256 CTAs
 //! (was 1024): on an H100 (docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-26f/), 8 samples per CTA ran
-//! Twins-L's PEG forward at stages 2-4 1.19-1.36x faster, stage 1 the same.
+//! Twins-L's PEG forward at stages 2-4 1.19-1.36x faster, stage 1 the same. On an H100
+//! (docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-27/, calls 4-5) 256 and 8 beat every other pair tried
+//! (528-1056 CTAs, 1.2-1.35x slower: a CTA's consecutive tiles keep a token's neighbours in its
+//! L1; 64-128 CTAs or 16-32 items, slower but at one shape), though 384 CTAs fill 0.73 waves.
 constexpr std::int64_t k_dw_apply_min_ctas = 256;
 struct dw_apply_split {
   int tiles_per_cta = 1;
