@@ -466,5 +466,36 @@ def test_ctrl_c_is_one_line_exit_code_130_and_no_torn_checkpoint(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err
     lines = [l for l in err.splitlines() if l.strip()]
-    assert lines and lines[-1].startswith("greenmim.pretrain: interrupted;") and "--resume auto" in lines[-1], err
+    # --save_freq 100 of 50 epochs: nothing was saved at step 2, and the line says so rather than
+    # pointing at a checkpoint that does not exist
+    assert not list(tmp_path.glob("checkpoint-*.pth"))
+    assert lines and lines[-1].startswith("greenmim.pretrain: interrupted; no checkpoint in"), err
+    assert "nothing to resume" in lines[-1], err
     assert not [p.name for p in tmp_path.rglob("*.tmp*")]
+
+
+@pytest.mark.parametrize("saved", ["none", "two", "no_output_dir"])
+def test_ctrl_c_names_the_checkpoint_that_resumes(tmp_path, monkeypatch, capfd, saved):
+    """The interrupted line names the checkpoint --resume auto would take (the one with the most steps,
+    not the newest file), says when there is none, and never names one that does not exist."""
+    from greenmim.pretrain import cli, engine
+
+    def interrupted(args, ctx):
+        if saved == "two":   # written out of order: the later file has fewer steps
+            torch.save({"step": 9}, tmp_path / "checkpoint-1.pth")
+            torch.save({"step": 4}, tmp_path / "checkpoint-0-step4.pth")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(engine, "run", interrupted)
+    argv = _quick(tmp_path)
+    if saved == "no_output_dir":   # --output_dir '' saves nothing
+        argv[argv.index("--output_dir") + 1] = ""
+    assert cli.main(argv) == 130
+    line = [l for l in capfd.readouterr().err.splitlines() if l.strip()][-1]
+    assert line.startswith("greenmim.pretrain: interrupted; "), line
+    if saved == "two":
+        assert str(tmp_path / "checkpoint-1.pth") in line and "checkpoint-0-step4" not in line, line
+        assert "--resume auto" in line, line
+    elif saved == "none":
+        assert "no checkpoint in" in line and "nothing to resume" in line and ".pth" not in line, line
+    else:
+        assert "nothing was saved" in line and ".pth" not in line, line

@@ -10,6 +10,18 @@ from .args import UsageError, parser, validate
 from .data import DataError
 
 
+def _resume_hint(args) -> str:
+    """What an interrupted run leaves to resume from: the newest checkpoint, or that there is none yet."""
+    if not args.output_dir:
+        return "nothing was saved (--output_dir '')"
+    from .state import latest
+    newest = latest(args.output_dir)
+    if newest is None:
+        return (f"no checkpoint in {args.output_dir} yet (one is written every --save_freq {args.save_freq} "
+                f"epochs and at the end), so nothing to resume")
+    return f"{newest} is the newest checkpoint; --resume auto continues from it"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -31,8 +43,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     except KeyboardInterrupt:   # Ctrl-C: one line, not a traceback; checkpoints are whole (atomic renames)
         if ctx.main:
-            print(f"\ngreenmim.pretrain: interrupted; the newest checkpoint in {args.output_dir or '(no --output_dir)'} "
-                  f"resumes with --resume auto", file=sys.stderr)
+            print(f"\ngreenmim.pretrain: interrupted; {_resume_hint(args)}", file=sys.stderr)
         return 130
     finally:
         dist.teardown(ctx)
