@@ -2,11 +2,12 @@
 //! The depthwise 3x3 submanifold conv of Twins' PEG on visible tokens, forward and backward
 //! (docs/sparse-conv.md; neighbour tables from include/greenmim/sparse_conv.hpp, built on the
 //! host). fp32/fp16/bf16 features, fp32 weights and accumulation.
-//! - forward and dx: a block is `rows` tokens x `gb` channel groups of V channels (V = 8: 16-byte
-//!   vectors, C % 8 == 0 and 16-byte aligned rows; else V = 1), gb = min(C / V, 32), and walks
-//!   several token tiles and samples (dw_apply_split_for); it stages its channels' 9 weights and
-//!   bias in shared memory (tap-major), so a thread holds only its 9 tap offsets and its
-//!   accumulators in registers, and computes two samples at a time where it has several. dx
+//! - forward and dx: a block is `rows` token rows x `gb` channel groups of V channels (V = 8:
+//!   16-byte vectors, C % 8 == 0 and 16-byte aligned rows; else V = 1), gb = min(C / V, 32), and
+//!   walks several token tiles and samples (dw_apply_split_for); it stages its channels' 9 weights
+//!   and bias in shared memory (tap-major). A thread walks 8 tokens (a row of a Morton-ordered
+//!   group of 64) and keeps the last token's rows where the next token's taps are the same cells
+//!   (dw_apply). dx
 //!   gathers through the mirrored offsets of the forward table (no scatter, no atomics):
 //!   dx[s] = sum_o w[o] dy[nbr[s, 8 - o]] (+ dy[s]).
 //! - dweight and dbias, deterministic: (tokens x samples) is cut into pieces (conv_split.hpp: the
@@ -57,11 +58,32 @@ struct row_io {  // V = 1 (and the generic case): element accesses
     for (int i = 0; i < V; ++i) x[i] = to_float(r.e[i]);
   }
   __device__ __forceinline__ static void load(const T* p, float (&x)[V]) { widen(fetch(p), x); }
+  //! r = the row at p where `cond`, else r unchanged
+  __device__ __forceinline__ static void fetch_if(raw& r, const T* p, bool cond) {
+    if (cond) r = fetch(p);
+  }
   __device__ __forceinline__ static void store(T* p, const float (&x)[V]) {
 #pragma unroll
     for (int i = 0; i < V; ++i) p[i] = from_float<T>(x[i]);
   }
 };
+
+//! The 16 bytes at p into (a, b, c, d) where `cond`, else (a, b, c, d) unchanged: one predicated
+//! load into the registers that hold the value kept, so that a row kept from the token before and
+//! the row loaded in its place share registers (in C++, ptxas gave the load registers of its own,
+//! and dw_apply spilled 120 bytes).
+__device__ __forceinline__ void ldg16_if(unsigned& a, unsigned& b, unsigned& c, unsigned& d, const void* p, bool cond) {
+#if defined(GREENMIM_CUDA_EMULATION)
+  if (cond) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    a = v.x; b = v.y; c = v.z; d = v.w;
+  }
+#else
+  asm("{\n\t.reg .pred q;\n\tsetp.ne.u32 q, %5, 0;\n\t@q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+      : "+r"(a), "+r"(b), "+r"(c), "+r"(d)
+      : "l"(p), "r"(static_cast<unsigned>(cond)));
+#endif
+}
 
 template <>
 struct row_io<float, 8> {
@@ -73,6 +95,13 @@ struct row_io<float, 8> {
     x[0] = r.a.x; x[1] = r.a.y; x[2] = r.a.z; x[3] = r.a.w; x[4] = r.b.x; x[5] = r.b.y; x[6] = r.b.z; x[7] = r.b.w;
   }
   __device__ __forceinline__ static void load(const float* p, float (&x)[8]) { widen(fetch(p), x); }
+  __device__ __forceinline__ static void fetch_if(raw& r, const float* p, bool cond) {
+    unsigned u[8];
+    std::memcpy(u, &r, sizeof u);
+    ldg16_if(u[0], u[1], u[2], u[3], p, cond);
+    ldg16_if(u[4], u[5], u[6], u[7], p + 4, cond);
+    std::memcpy(&r, u, sizeof u);
+  }
   __device__ __forceinline__ static void store(float* p, const float (&x)[8]) {
     reinterpret_cast<float4*>(p)[0] = make_float4(x[0], x[1], x[2], x[3]);
     reinterpret_cast<float4*>(p)[1] = make_float4(x[4], x[5], x[6], x[7]);
@@ -89,6 +118,7 @@ template <class T>
 struct row_io16 {  // 8 x 2-byte elements in one 16-byte access
   using raw = uint4;
   __device__ __forceinline__ static raw fetch(const T* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+  __device__ __forceinline__ static void fetch_if(raw& r, const T* p, bool cond) { ldg16_if(r.x, r.y, r.z, r.w, p, cond); }
   __device__ __forceinline__ static void widen(const raw& v, float (&x)[8]) {
     const unsigned w[4] = {v.x, v.y, v.z, v.w};
     if constexpr (std::is_same<T, __nv_bfloat16>::value) {
@@ -168,6 +198,15 @@ __device__ __forceinline__ P* opaque(P* p) {
   return p;
 }
 
+//! `v` unchanged, but opaque to the optimizer at each evaluation (volatile): a value computed from
+//! it in a loop is computed in that loop, not kept in a register across it.
+__device__ __forceinline__ int opaque_int(int v) {
+#if !defined(GREENMIM_CUDA_EMULATION)
+  asm volatile("" : "+r"(v));
+#endif
+  return v;
+}
+
 //! Where the block's channel `cl` (group cl / V, element cl % V) keeps a tap's weight in
 //! dw_apply's ws[tap][.]. V = 8: a group's two 4-float halves lie 4 * k_dw_max_groups floats
 //! apart, so a quarter warp's 16-byte reads of consecutive groups are 128 contiguous bytes, free
@@ -178,31 +217,46 @@ __device__ __forceinline__ int ws_slot(int cl) {
   else return cl;
 }
 
-//! Block (x, y, z): channel groups [y * gb, + gb) of the token tiles [x * tpc, + tpc) (a tile is
-//! rows = 256 / gb tokens) of samples z, z + gridDim.z, ... (tpc = p.tiles_per_cta,
-//! dw_apply_split). A thread computes U samples of one token at a time (U = 2 where B > 1), so
-//! that each weight read from shared memory serves U rows and U rows are in flight per tap.
-//! The taps' element offsets within a sample are computed once per token, as `Off` (uint32_t
-//! where every offset fits, dw_offsets_fit_int32; else int64_t), and each tap's address is then one
-//! multiply-add onto the sample's base pointer (opaque). The loads of all taps are unconditional
-//! (a missing neighbour reads the token's own row, its product dropped by a predicate) and issue
-//! before their rows are used. The bias is staged with the weights. Every output is bias (+ x) +
-//! taps 0..8 in order, whatever U, Off or the split.
-//! History (docs/perf/kernel-journal.md): on an H100 (docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-26g/)
-//! the version before this one ran 1.21-1.32x faster than its predecessor in the per-sample layout;
-//! holding the weights in registers instead (119 registers, 2 CTAs per SM) was 1.1-2x slower. Its
-//! SASS (read in the eighth session, cuobjdump from PyPI's nvidia-cuda-cuobjdump) showed why it
-//! stayed at 22-34% of a copy's rate: each tap was a branch (`if no neighbour: skip`) around a load
-//! that the next instruction waited on, so a warp had one row in flight, and each address took
-//! 4-7 integer instructions (ptxas recomputed sample * stride + offset in 64 bits at every tap).
-//! This version has up to 4 rows in flight a thread (2 on average over its tap loop; bf16, 64
-//! registers; scripts/kernel_sass) and 31% fewer instructions in its per-sample loop on sm_90 (254
-//! against 368 for bf16, U = 1). On an H100 (docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-27/) it ran
-//! 1.06-1.25x faster than its predecessor (18.4 us at Twins-L stage 1, per-sample: 27% of a copy's
-//! rate), and ncu found L1 at 78% of its throughput: 9 rows read per output. Staging a tile in
-//! shared memory (same SRAM) was 1.1-1.7x slower; reusing rows across outputs is what remains.
-template <class T, int V, int U, class Off>
-__global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply(const dw_params p) {
+//! j's bits at the even positions: the Morton rank of (0, j), of (i, 0) shifted left by one.
+__device__ __forceinline__ int morton_spread(int j) { return (j & 1) | ((j & 2) << 1) | ((j & 4) << 2); }
+
+//! Tokens a thread walks (dw_apply): one row of a group of 8 x 8 consecutive tokens taken in
+//! Morton order, as Twins' block-major plans order each unit (twins_plan.hpp), so that at stage 1
+//! each token after the first is its predecessor's right neighbour and finds 6 of its 9 rows in
+//! the registers of the one before.
+constexpr int k_dw_run = 8;
+static_assert(k_dw_run == 8, "morton_spread spreads 3 bits");
+
+//! Block (x, y, z): channel groups [y * gb, + gb) of the token tiles [x * tpc, + tpc) of samples
+//! z, z + gridDim.z, ... (tpc = p.tiles_per_cta, dw_apply_split). A tile is rows8 / 8 groups of
+//! 64 consecutive tokens (rows8: the block's token rows, 256 / gb, down to a multiple of 8). Token
+//! row r walks row r % 8 of its group as if the group were an 8 x 8 square in Morton order (the
+//! order of a Twins plan's unit: at stage 1 a unit is such a square), tokens group +
+//! morton(r % 8, j), j = 0..7, one sample at a time, and keeps the last token's 9 rows in
+//! registers: where the next token's tap o is the last one's tap o + 1 (o % 3 != 2), the same cell
+//! one column on, the table says so (equal entries) and the row is not loaded again. The 8 rows
+//! of a group cover its 64 tokens whatever the geometry, and the test is on the entries, so any
+//! table and any token order are served exactly; only the rows loaded change. On Twins-L's
+//! tables (25% visible units, tokens block-major) a token loads 3.75 / 4.3 / 5.3 / 6.4 rows at
+//! stages 1-4 (host count of this walk), against 10 for the kernel before (9 taps and the
+//! residual, which is now tap 4's row where the table has the token there): fewer L1 wavefronts,
+//! which ncu measured as the limit. dx walks its rows backwards: through the mirrored table the
+//! last token's tap o + 1 is then again the next one's tap o.
+//! The taps' element offsets within a sample are `Off` (uint32_t where every offset fits,
+//! dw_offsets_fit_int32; else int64_t), and each tap's address is one multiply-add onto the
+//! sample's base pointer (opaque). The loads a token needs are unconditional (a missing neighbour
+//! reads the token's own row, its product dropped by a predicate) and issue before any is used.
+//! Every output is bias (+ x) + taps 0..8 in order, whatever the run, Off or the split: the bits
+//! of the kernel before.
+//! History (docs/perf/kernel-journal.md): on an H100 (docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-27/)
+//! the kernel before this one (all taps' loads issued together, two samples a thread where B > 1;
+//! bench/gpu/ab/peg_run_ab.cu keeps it) ran at 27-37% of a copy's rate, 18.4 us at Twins-L stage 1
+//! per-sample, with ncu showing L1 at 78% of its throughput: 10 rows read per output. Staging a
+//! tile in shared memory (the same SRAM) was 1.1-1.7x slower; holding the weights in registers
+//! (occupancy) and 2 tokens a thread without reuse were slower before that. This version's speed
+//! is unmeasured (peg_run_ab.cu will tell).
+template <class T, int V, class Off>
+__global__ void __launch_bounds__(k_dw_threads, sizeof(T) == 4 && V == 8 ? 2 : 3) dw_apply(const dw_params p) {
   // [tap][ws_slot<V>(channel in block)], and the bias as a 10th row
   __shared__ __align__(16) float ws[k_taps + 1][k_dw_max_groups * 8];
   const int groups = p.channels / V, gb = p.gb, rows = k_dw_threads / gb;
@@ -224,91 +278,89 @@ __global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply(const d
   const T* in = static_cast<const T*>(p.in);
   const T* res = static_cast<const T*>(p.res);
   T* out = static_cast<T*>(p.out);
-  // tap o's (o = 9: the bias) V weights of this thread's channels
-  auto weights = [&](int o, float (&w)[V]) {
+  // tap o's (o = 9: the bias) V weights of this thread's channels, from ws[o][.] at `slot` (gl * 4
+  // for V = 8, else gl * V: ws_slot)
+  auto weights = [&](int o, int slot, float (&w)[V]) {
     if constexpr (V == 8) {  // the group's halves, ws_slot<8>
-      const float4 lo = *reinterpret_cast<const float4*>(&ws[o][gl * 4]);
-      const float4 hi = *reinterpret_cast<const float4*>(&ws[o][k_dw_max_groups * 4 + gl * 4]);
+      const float4 lo = *reinterpret_cast<const float4*>(&ws[o][slot]);
+      const float4 hi = *reinterpret_cast<const float4*>(&ws[o][k_dw_max_groups * 4 + slot]);
       w[0] = lo.x; w[1] = lo.y; w[2] = lo.z; w[3] = lo.w; w[4] = hi.x; w[5] = hi.y; w[6] = hi.z; w[7] = hi.w;
     } else {
 #pragma unroll
-      for (int v = 0; v < V; ++v) w[v] = ws[o][ws_slot<V>(gl * V + v)];
+      for (int v = 0; v < V; ++v) w[v] = ws[o][ws_slot<V>(slot + v)];
     }
   };
-  const int gz = static_cast<int>(gridDim.z);
   using io = row_io<T, V>;
-  // this thread's tokens t_first, + rows, ... below t_stop (int: tokens < 2^31)
-  const std::int64_t t_first = static_cast<std::int64_t>(blockIdx.x) * p.tiles_per_cta * rows + r;
-  const std::int64_t t_end = t_first + static_cast<std::int64_t>(p.tiles_per_cta) * rows;
-  if (t_first >= p.tokens) return;
-  const int t_stop = static_cast<int>(t_end < p.tokens ? t_end : p.tokens);
-  for (int t = static_cast<int>(t_first); t < t_stop; t += rows) {
-    // the token's 9 table entries (dx: read mirrored, o <-> 8 - o), then each tap's element offset
-    // in a sample; a missing neighbour reads the token's own row instead (a real row, so that every
-    // load is unconditional and all taps' loads issue together) and its product is dropped by a
-    // predicate, which leaves acc bit for bit as skipping the tap does, Inf and NaN included
-    index_t s[k_taps];
-    const index_t* row = p.nbr + static_cast<std::int64_t>(t) * k_taps;
+  const bool own_residual = res == in;  // the residual is the input (always, from the entry points)
+  // this thread's run: row `lane_row` of a group of 8 x 8 tokens in Morton order (block-major
+  // Twins plans order each unit so), tokens group + morton(lane_row, j), j = 0..7 (dx: 7..0)
+  const int rows8 = rows / k_dw_run * k_dw_run;  // whole groups of k_dw_run rows
+  if (r >= rows8) return;
+  const std::int64_t tile_tokens = static_cast<std::int64_t>(rows8) * k_dw_run;
+  const int lane_row = r % k_dw_run;
+  const std::int64_t group_first = static_cast<std::int64_t>(blockIdx.x) * p.tiles_per_cta * tile_tokens +
+                                   static_cast<std::int64_t>(r / k_dw_run) * (k_dw_run * k_dw_run);
+  const int row_rank = 2 * morton_spread(lane_row);
+  for (int k = 0; k < p.tiles_per_cta; ++k) {
+    const std::int64_t group = group_first + k * tile_tokens;
+    if (group >= p.tokens) break;
+    for (int b = static_cast<int>(blockIdx.z); b < p.batch; b += static_cast<int>(gridDim.z)) {
+      const T* xs = opaque(in + static_cast<std::int64_t>(b) * p.in_s0);
+      typename io::raw x[k_taps] = {};  // the last token's rows of taps 0..8
+      index_t prev[k_taps];             // the last token's table entries (read mirrored for dx)
+      bool have_prev = false;
+#pragma unroll 1
+      for (int i = 0; i < k_dw_run; ++i) {
+        const std::int64_t tt = group + row_rank + morton_spread(p.mirrored ? k_dw_run - 1 - i : i);
+        if (tt >= p.tokens) continue;
+        const int t = static_cast<int>(tt);
+        // the token's 9 table entries (dx: read mirrored, o <-> 8 - o), then each tap's element
+        // offset in a sample; a missing neighbour reads the token's own row instead (a real row,
+        // so that every load is unconditional) and its product is dropped by a predicate, which
+        // leaves acc bit for bit as skipping the tap does, Inf and NaN included
+        index_t s[k_taps];
+        const index_t* row = p.nbr + static_cast<std::int64_t>(t) * k_taps;
 #pragma unroll
-    for (int o = 0; o < k_taps; ++o) s[o] = __ldg(row + o);
-    const Off own = static_cast<Off>(t) * static_cast<Off>(p.in_s1) + c0;
-    Off off[k_taps];
-    unsigned pad = 0;  // bit o: tap o has no neighbour
+        for (int o = 0; o < k_taps; ++o) s[o] = __ldg(row + (p.mirrored ? k_taps - 1 - o : o));
+        const Off own = static_cast<Off>(t) * static_cast<Off>(p.in_s1) + c0;
+        unsigned pad = 0;  // bit o: tap o has no neighbour
+        // tap o's row: the previous token's tap o + 1 where the table says it is the same cell (no
+        // load), else loaded; o ascending reads each kept row before it is replaced
 #pragma unroll
-    for (int o = 0; o < k_taps; ++o) {
-      const index_t so = p.mirrored ? s[k_taps - 1 - o] : s[o];
-      const bool in_range = static_cast<unsigned>(so) < static_cast<unsigned>(p.tokens);
-      off[o] = in_range ? static_cast<Off>(so) * static_cast<Off>(p.in_s1) + c0 : own;
-      pad |= in_range ? 0u : 1u << o;
-    }
-    for (int b = static_cast<int>(blockIdx.z); b < p.batch; b += U * gz) {
-      const T* xs[U];
-      bool live[U];
-      float acc[U][V];
-      {
-        float bias[V];
-        weights(k_taps, bias);
+        for (int o = 0; o < k_taps; ++o) {
+          const bool in_range = static_cast<unsigned>(s[o]) < static_cast<unsigned>(p.tokens);
+          pad |= in_range ? 0u : 1u << o;
+          const int src = o % 3 != 2 ? o + 1 : o;  // the previous token's tap at the same cell, if any
+          const bool kept = src != o && have_prev && s[o] == prev[src];
+          x[o] = x[src];
+          io::fetch_if(x[o], xs + (in_range ? static_cast<Off>(s[o]) * static_cast<Off>(p.in_s1) + c0 : own), !kept);
+        }
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          live[u] = u == 0 || b + u * gz < p.batch;
-          const std::int64_t bu = live[u] ? b + u * gz : b;
-          xs[u] = opaque(in + bu * p.in_s0);
-#pragma unroll
-          for (int v = 0; v < V; ++v) acc[u][v] = bias[v];
-          // the residual's row loads whether or not there is one (from x where there is not, a
-          // real row), so that it issues with the taps' loads instead of behind a branch
+        for (int o = 0; o < k_taps; ++o) prev[o] = s[o];
+        have_prev = true;
+        // the weights' slot, recomputed in each token's pass (opaque): ptxas then keeps the
+        // bf16 / 32-bit-offset path at 80 registers without spills (8 bytes without it, sm_90)
+        const int slot = opaque_int(V == 8 ? gl * 4 : gl * V);
+        float acc[V];
+        weights(k_taps, slot, acc);
+        if (res) {  // the residual's row: tap 4's where the table has the token there
           float rv[V];
-          io::load((res ? res : in) + bu * p.in_s0 + own, rv);
-          if (res) {
+          if (own_residual && s[4] == t) io::widen(x[4], rv);
+          else io::load(res + static_cast<std::int64_t>(b) * p.in_s0 + own, rv);
 #pragma unroll
-            for (int v = 0; v < V; ++v) acc[u][v] += rv[v];
-          }
+          for (int v = 0; v < V; ++v) acc[v] += rv[v];
         }
-      }
-      // every tap's rows loaded before any is used (ptxas keeps as many in flight as its registers
-      // allow: up to 4 16-byte rows a thread where the kernel before waited on each load in turn)
-      typename io::raw x[k_taps][U];
 #pragma unroll
-      for (int o = 0; o < k_taps; ++o)
+        for (int o = 0; o < k_taps; ++o) {
+          const bool skip = (pad >> o) & 1u;
+          float w[V], xv[V];
+          weights(o, slot, w);
+          io::widen(x[o], xv);
 #pragma unroll
-        for (int u = 0; u < U; ++u) x[o][u] = io::fetch(xs[u] + off[o]);
-#pragma unroll
-      for (int o = 0; o < k_taps; ++o) {
-        const bool skip = (pad >> o) & 1u;
-        float w[V];
-        weights(o, w);
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          float xv[V];
-          io::widen(x[o][u], xv);
-#pragma unroll
-          for (int v = 0; v < V; ++v) acc[u][v] = skip ? acc[u][v] : fmaf(w[v], xv[v], acc[u][v]);
+          for (int v = 0; v < V; ++v) acc[v] = skip ? acc[v] : fmaf(w[v], xv[v], acc[v]);
         }
+        io::store(out + (static_cast<std::int64_t>(b) * p.out_s0 + static_cast<std::int64_t>(t) * p.out_s1 + c0), acc);
       }
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (live[u])
-          io::store(out + (static_cast<std::int64_t>(b + u * gz) * p.out_s0 + static_cast<std::int64_t>(t) * p.out_s1 + c0), acc[u]);
     }
   }
 }
@@ -484,17 +536,15 @@ template <class T, int V>
 cudaError_t launch_dw_apply(dw_params p, cudaStream_t stream) {
   const int groups = p.channels / V;
   p.gb = dw_block_groups(groups);
-  const int rows = k_dw_threads / p.gb;
-  const std::int64_t tiles = (p.tokens + rows - 1) / rows, cblocks = (groups + p.gb - 1) / p.gb;
+  const std::int64_t tile_tokens = static_cast<std::int64_t>(k_dw_threads / p.gb / k_dw_run * k_dw_run) * k_dw_run;
+  const std::int64_t tiles = (p.tokens + tile_tokens - 1) / tile_tokens, cblocks = (groups + p.gb - 1) / p.gb;
   const dw_apply_split sp = dw_apply_split_for(tiles, cblocks, p.batch);
   p.tiles_per_cta = sp.tiles_per_cta;
   const dim3 grid(static_cast<unsigned>(sp.grid_x), static_cast<unsigned>(cblocks), static_cast<unsigned>(sp.grid_z));
   // 32-bit offsets within a sample where every row's (strides are non-negative) fits an int
   if (dw_offsets_fit_int32(p.tokens, p.in_s1, p.channels))
-    return p.batch > sp.grid_z ? launch(dw_apply<T, V, 2, std::uint32_t>, grid, k_dw_threads, 0, stream, p)  // a CTA has 2 samples or more
-                               : launch(dw_apply<T, V, 1, std::uint32_t>, grid, k_dw_threads, 0, stream, p);
-  return p.batch > sp.grid_z ? launch(dw_apply<T, V, 2, std::int64_t>, grid, k_dw_threads, 0, stream, p)
-                             : launch(dw_apply<T, V, 1, std::int64_t>, grid, k_dw_threads, 0, stream, p);
+    return launch(dw_apply<T, V, std::uint32_t>, grid, k_dw_threads, 0, stream, p);
+  return launch(dw_apply<T, V, std::int64_t>, grid, k_dw_threads, 0, stream, p);
 }
 
 //! The apply kernel's parameters for `in` -> `out` (x -> y, or dy -> dx through the mirrored table).

@@ -301,7 +301,7 @@ TEST_CASE("gpu depthwise conv (PEG): fwd and bwd vs the CPU reference, vector an
   // several samples per CTA in the forward and dx (dw_apply_split_for): 32 channel groups of 8 per
   // block, 8 token rows: ~23 x 1 CTAs per sample x 100 samples > 2 x k_dw_apply_min_ctas
   depthwise_case("shared mask, B 100, C 256 (samples per CTA > 1)", cu3, c3, 16, 100, 256, GM_BFLOAT16, true, rng);
-  // two samples per iteration (U = 2) on the scalar path and on fp32's two 16-byte halves
+  // several samples per CTA on the scalar path and on fp32's two 16-byte halves
   depthwise_case("shared mask, B 100, C 36 (scalar, samples per CTA > 1)", cu3, c3, 16, 100, 36, GM_FLOAT32, true, rng);
   depthwise_case("shared mask, B 64, C 128 (fp32, samples per CTA > 1)", cu3, c3, 16, 64, 128, GM_FLOAT32, false, rng);
   // several token tiles per CTA: a packed per-sample batch (B 1, ~6000 tokens), C 256: 8-token
@@ -397,8 +397,8 @@ TEST_CASE("gpu depthwise conv: rows 2^32 elements apart (64-bit offsets) give th
   const std::int64_t N = t.num_tokens;
   REQUIRE(N >= 2);
   struct shape { std::int64_t B, C; gm_dtype dt; };
-  // C 16 bf16 / C 8 fp32: the vector path; C 12 fp16: the scalar path; B 600: two samples per
-  // thread (U = 2)
+  // C 16 bf16 / C 8 fp32: the vector path; C 12 fp16: the scalar path; B 600: many samples per
+  // CTA
   for (const shape sh : {shape{1, 16, GM_BFLOAT16}, shape{600, 16, GM_BFLOAT16}, shape{1, 12, GM_FLOAT16},
                          shape{600, 12, GM_FLOAT16}, shape{1, 8, GM_FLOAT32}}) {
     const std::int64_t B = sh.B, C = sh.C;
@@ -430,7 +430,7 @@ TEST_CASE("gpu depthwise conv: arbitrary tables; out-of-range entries read as ze
   std::mt19937_64 rng(seed);
   const index_t bad[] = {greenmim::pad_index, -7, std::numeric_limits<index_t>::min(), std::numeric_limits<index_t>::max()};
   struct shape { std::int64_t B, N, C; gm_dtype dt; };
-  // B 600 at small N: two samples per thread (U = 2)
+  // B 600 at small N: many samples per CTA
   for (const shape sh : {shape{3, 37, 16, GM_BFLOAT16}, shape{2, 300, 24, GM_FLOAT32}, shape{5, 29, 12, GM_FLOAT16},
                          shape{1, 700, 64, GM_BFLOAT16}, shape{600, 20, 16, GM_BFLOAT16}, shape{600, 20, 8, GM_FLOAT32}}) {
     const std::int64_t B = sh.B, N = sh.N, C = sh.C;
@@ -483,7 +483,101 @@ TEST_CASE("gpu depthwise conv: arbitrary tables; out-of-range entries read as ze
       }
       CHECK(rel_error(as_doubles(out[1], sh.dt), dx_ref) <= tol);  // NaN in dy: dx alone is finite
       if (poisoned_tensor == 0) CHECK(rel_error(floats_as_doubles(out[3]), db_ref) <= 1e-5);
+      if (poisoned_tensor == 0) {
+        // with the residual, on inputs without NaN: the residual is the token's own row, whatever
+        // the table has at tap 4 (the kernel reuses tap 4's row only where it is the token's)
+        INFO("residual, no NaN rows");
+        const htensor cx = random_htensor(sh.dt, static_cast<std::size_t>(B * N * C), rng);
+        const htensor cdy = random_htensor(sh.dt, static_cast<std::size_t>(B * N * C), rng);
+        const auto res = depthwise_strided(t, B, C, sh.dt, cx, cdy, w, bias, dense, dense, true);
+        const auto cxd = as_double(cx), cdyd = as_double(cdy);
+        std::vector<double> yr(cxd.size()), dxr(cxd.size()), dwr(wd.size()), dbr(bd.size());
+        REQUIRE(greenmim::reference::depthwise_conv_forward<double>(tn, 3, make_view(cxd.data(), B, N, C), make_view(wd.data(), C, 9),
+                                                                    span<const double>(bd), true,
+                                                                    make_view(yr.data(), B, N, C)) == greenmim::status::success);
+        REQUIRE(greenmim::reference::depthwise_conv_backward<double>(
+                    tn, 3, make_view(cxd.data(), B, N, C), make_view(wd.data(), C, 9), make_view(cdyd.data(), B, N, C), true,
+                    make_view(dxr.data(), B, N, C), make_view(dwr.data(), C, 9), span<double>(dbr)) == greenmim::status::success);
+        CHECK(rel_error(as_doubles(res[0], sh.dt), yr) <= tol);
+        CHECK(rel_error(as_doubles(res[1], sh.dt), dxr) <= tol);
+      }
     }
+  }
+}
+
+TEST_CASE("gpu depthwise conv: an output's bits do not depend on where its token is (rows kept from the token before)") {
+  // The forward and dx keep the previous token's rows where the table says the next token's tap is
+  // the same cell (dw_apply, a run of k_dw_run tokens a thread). Tokens in block-major order (as
+  // Twins' plans make them) keep 6 rows of 9 at most tokens; the same tokens in a random order keep
+  // none. Each token's y and dx must have the same bits either way. dweight and dbias sum over the
+  // tokens in their order: equal to a tolerance.
+  GM_SKIP_WITHOUT_DEVICE();
+  const std::uint64_t seed = fresh_seed();
+  INFO("seed " << seed << " (GM_TEST_SEED)");
+  std::mt19937_64 rng(seed);
+  struct shape { index_t grid, unit; int samples; std::int64_t B, C; gm_dtype dt; };
+  // samples > 1: per-sample masks packed on one token axis (B = 1), the trainer's layout
+  for (const shape sh : {shape{32, 8, 3, 1, 16, GM_BFLOAT16}, shape{32, 8, 1, 3, 24, GM_FLOAT32},
+                         shape{16, 4, 2, 2, 12, GM_FLOAT16}, shape{32, 8, 2, 1, 256, GM_BFLOAT16},
+                         shape{14, 2, 1, 2, 8, GM_BFLOAT16}}) {
+    INFO("grid " << sh.grid << " unit " << sh.unit << " samples " << sh.samples << " B " << sh.B << " C " << sh.C
+                 << " dtype " << gm_dtype_name(sh.dt));
+    // block-major cells: unit after unit (row-major), each unit's cells row-major
+    std::vector<index_t> cells;
+    for (index_t uh = 0; uh < sh.grid; uh += sh.unit)
+      for (index_t uw = 0; uw < sh.grid; uw += sh.unit)
+        for (index_t h = uh; h < uh + sh.unit; ++h)
+          for (index_t w = uw; w < uw + sh.unit; ++w) cells.push_back(greenmim::pack_coord(h, w));
+    std::bernoulli_distribution keep(0.4);
+    std::vector<index_t> coords, cu{0};
+    for (int b = 0; b < sh.samples; ++b) {
+      const index_t units = (sh.grid / sh.unit) * (sh.grid / sh.unit), area = sh.unit * sh.unit;
+      for (index_t u = 0; u < units; ++u)
+        if (keep(rng) || u == 0)
+          coords.insert(coords.end(), cells.begin() + u * area, cells.begin() + (u + 1) * area);
+      cu.push_back(static_cast<index_t>(coords.size()));
+    }
+    greenmim::neighbor_table t;
+    greenmim::check(greenmim::build_neighbor_table_per_sample(sh.grid, sh.grid, 3, span<const index_t>(cu),
+                                                              span<const index_t>(coords), t));
+    const std::int64_t N = t.num_tokens, B = sh.B, C = sh.C;
+    const std::size_t es = gm_dtype_size(sh.dt), row = static_cast<std::size_t>(C) * es;
+    // token t goes to perm[t]: its table row and entries, and its rows of x and dy
+    std::vector<index_t> perm(static_cast<std::size_t>(N));
+    for (index_t i = 0; i < N; ++i) perm[static_cast<std::size_t>(i)] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    greenmim::neighbor_table tp = t;
+    for (std::int64_t i = 0; i < N; ++i)
+      for (int o = 0; o < 9; ++o) {
+        const index_t e = t.nbr[static_cast<std::size_t>(i * 9 + o)];
+        tp.nbr[static_cast<std::size_t>(perm[static_cast<std::size_t>(i)]) * 9 + o] =
+            e >= 0 && e < N ? perm[static_cast<std::size_t>(e)] : e;
+      }
+    const htensor hx = random_htensor(sh.dt, static_cast<std::size_t>(B * N * C), rng);
+    const htensor hdy = random_htensor(sh.dt, static_cast<std::size_t>(B * N * C), rng);
+    auto permuted = [&](const htensor& h) {
+      htensor q = h;
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t i = 0; i < N; ++i)
+          std::memcpy(&q.bytes[static_cast<std::size_t>(b * N + perm[static_cast<std::size_t>(i)]) * row],
+                      &h.bytes[static_cast<std::size_t>(b * N + i) * row], row);
+      return q;
+    };
+    const auto w = random_floats(static_cast<std::size_t>(C) * 9, rng), bias = random_floats(static_cast<std::size_t>(C), rng);
+    const std::int64_t dense[3] = {N * C, C, 1};
+    const auto a = depthwise_strided(t, B, C, sh.dt, hx, hdy, w, bias, dense, dense);
+    const auto p = depthwise_strided(tp, B, C, sh.dt, permuted(hx), permuted(hdy), w, bias, dense, dense);
+    std::int64_t differ[2] = {0, 0};
+    for (int k = 0; k < 2; ++k)  // y, dx
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t i = 0; i < N; ++i)
+          differ[k] += std::memcmp(&a[static_cast<std::size_t>(k)][static_cast<std::size_t>(b * N + i) * row],
+                                   &p[static_cast<std::size_t>(k)][static_cast<std::size_t>(b * N + perm[static_cast<std::size_t>(i)]) * row],
+                                   row) != 0;
+    CHECK(differ[0] == 0);  // tokens whose y differs
+    CHECK(differ[1] == 0);  // tokens whose dx differs
+    CHECK(rel_error(floats_as_doubles(a[2]), floats_as_doubles(p[2])) <= 1e-5);
+    CHECK(rel_error(floats_as_doubles(a[3]), floats_as_doubles(p[3])) <= 1e-5);
   }
 }
 
