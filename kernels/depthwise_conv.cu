@@ -185,6 +185,7 @@ struct dw_params {
   int gb = 1;             // channel groups per block (dw_block_groups)
   int tiles_per_cta = 1;  // token tiles per CTA (dw_apply_split)
   int mirrored = 0;       // 1: dx (read the table at mirrored offsets)
+  int run = 1;            // tokens a thread walks: k_dw_run (rows kept across them) or 1 (dw_apply_walks)
 };
 
 //! `p` unchanged, but opaque to the optimizer: dw_apply's per-sample base pointer stays one
@@ -196,15 +197,6 @@ __device__ __forceinline__ P* opaque(P* p) {
   asm("" : "+l"(p));
 #endif
   return p;
-}
-
-//! `v` unchanged, but opaque to the optimizer at each evaluation (volatile): a value computed from
-//! it in a loop is computed in that loop, not kept in a register across it.
-__device__ __forceinline__ int opaque_int(int v) {
-#if !defined(GREENMIM_CUDA_EMULATION)
-  asm volatile("" : "+r"(v));
-#endif
-  return v;
 }
 
 //! Where the block's channel `cl` (group cl / V, element cl % V) keeps a tap's weight in
@@ -226,11 +218,13 @@ __device__ __forceinline__ int morton_spread(int j) { return (j & 1) | ((j & 2) 
 //! the registers of the one before.
 constexpr int k_dw_run = 8;
 static_assert(k_dw_run == 8, "morton_spread spreads 3 bits");
+static_assert(k_dw_threads / k_dw_max_groups >= k_dw_run, "a walking block needs a whole group of token rows");
 
 //! Block (x, y, z): channel groups [y * gb, + gb) of the token tiles [x * tpc, + tpc) of samples
-//! z, z + gridDim.z, ... (tpc = p.tiles_per_cta, dw_apply_split). A tile is rows8 / 8 groups of
-//! 64 consecutive tokens (rows8: the block's token rows, 256 / gb, down to a multiple of 8). Token
-//! row r walks row r % 8 of its group as if the group were an 8 x 8 square in Morton order (the
+//! z, z + gridDim.z, ... (tpc = p.tiles_per_cta, dw_apply_split). Walking (p.run == 8, where
+//! dw_apply_walks: enough tiles to fill the GPU), a tile is rows8 / 8 groups of 64 consecutive
+//! tokens (rows8: the block's token rows, 256 / gb, down to a multiple of 8), and token row r
+//! walks row r % 8 of its group as if the group were an 8 x 8 square in Morton order (the
 //! order of a Twins plan's unit: at stage 1 a unit is such a square), tokens group +
 //! morton(r % 8, j), j = 0..7, one sample at a time, and keeps the last token's 9 rows in
 //! registers: where the next token's tap o is the last one's tap o + 1 (o % 3 != 2), the same cell
@@ -241,11 +235,14 @@ static_assert(k_dw_run == 8, "morton_spread spreads 3 bits");
 //! stages 1-4 (host count of this walk), against 10 for the kernel before (9 taps and the
 //! residual, which is now tap 4's row where the table has the token there): fewer L1 wavefronts,
 //! which ncu measured as the limit. dx walks its rows backwards: through the mirrored table the
-//! last token's tap o + 1 is then again the next one's tap o.
+//! last token's tap o + 1 is then again the next one's tap o. Not walking (p.run == 1: small
+//! stages, where 8 tokens a thread would leave most SMs idle), a tile is `rows` tokens, one a
+//! thread, every row loaded.
 //! The taps' element offsets within a sample are `Off` (uint32_t where every offset fits,
 //! dw_offsets_fit_int32; else int64_t), and each tap's address is one multiply-add onto the
-//! sample's base pointer (opaque). The loads a token needs are unconditional (a missing neighbour
-//! reads the token's own row, its product dropped by a predicate) and issue before any is used.
+//! sample's base pointer (opaque). A token's loads (those not kept) issue before any row is used,
+//! with no branch around them: a missing neighbour reads the token's own row, its product dropped
+//! by a predicate.
 //! Every output is bias (+ x) + taps 0..8 in order, whatever the run, Off or the split: the bits
 //! of the kernel before.
 //! History (docs/perf/kernel-journal.md): on an H100 (docs/perf/NVIDIA_H100_80GB_HBM3_2026-11-27/)
@@ -292,17 +289,18 @@ __global__ void __launch_bounds__(k_dw_threads, sizeof(T) == 4 && V == 8 ? 2 : 3
   };
   using io = row_io<T, V>;
   const bool own_residual = res == in;  // the residual is the input (always, from the entry points)
-  // this thread's run: row `lane_row` of a group of 8 x 8 tokens in Morton order (block-major
-  // Twins plans order each unit so), tokens group + morton(lane_row, j), j = 0..7 (dx: 7..0)
-  const int rows8 = rows / k_dw_run * k_dw_run;  // whole groups of k_dw_run rows
-  if (r >= rows8) return;
-  const std::int64_t tile_tokens = static_cast<std::int64_t>(rows8) * k_dw_run;
-  const int lane_row = r % k_dw_run;
-  const std::int64_t group_first = static_cast<std::int64_t>(blockIdx.x) * p.tiles_per_cta * tile_tokens +
-                                   static_cast<std::int64_t>(r / k_dw_run) * (k_dw_run * k_dw_run);
-  const int row_rank = 2 * morton_spread(lane_row);
+  // this thread's tokens in a tile: walking (p.run == 8), row r % 8 of a group of 8 x 8 tokens in
+  // Morton order (block-major Twins plans order each unit so), group + morton(r % 8, j), j = 0..7
+  // (dx: 7..0); else token r alone
+  const bool walks = p.run == k_dw_run;
+  const int rows_used = walks ? rows / k_dw_run * k_dw_run : rows;  // dw_walk_rows
+  if (r >= rows_used) return;
+  const std::int64_t tile_tokens = static_cast<std::int64_t>(rows_used) * p.run;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * p.tiles_per_cta * tile_tokens +
+                             (walks ? static_cast<std::int64_t>(r / k_dw_run) * (k_dw_run * k_dw_run) : r);
+  const int lane = walks ? 2 * morton_spread(r % k_dw_run) : 0;  // the row's Morton offset
   for (int k = 0; k < p.tiles_per_cta; ++k) {
-    const std::int64_t group = group_first + k * tile_tokens;
+    const std::int64_t group = first + k * tile_tokens;  // the thread's group of 64 (walking), or token
     if (group >= p.tokens) break;
     for (int b = static_cast<int>(blockIdx.z); b < p.batch; b += static_cast<int>(gridDim.z)) {
       const T* xs = opaque(in + static_cast<std::int64_t>(b) * p.in_s0);
@@ -310,8 +308,8 @@ __global__ void __launch_bounds__(k_dw_threads, sizeof(T) == 4 && V == 8 ? 2 : 3
       index_t prev[k_taps];             // the last token's table entries (read mirrored for dx)
       bool have_prev = false;
 #pragma unroll 1
-      for (int i = 0; i < k_dw_run; ++i) {
-        const std::int64_t tt = group + row_rank + morton_spread(p.mirrored ? k_dw_run - 1 - i : i);
+      for (int i = 0; i < p.run; ++i) {
+        const std::int64_t tt = group + lane + (walks ? morton_spread(p.mirrored ? k_dw_run - 1 - i : i) : 0);
         if (tt >= p.tokens) continue;
         const int t = static_cast<int>(tt);
         // the token's 9 table entries (dx: read mirrored, o <-> 8 - o), then each tap's element
@@ -338,9 +336,7 @@ __global__ void __launch_bounds__(k_dw_threads, sizeof(T) == 4 && V == 8 ? 2 : 3
 #pragma unroll
         for (int o = 0; o < k_taps; ++o) prev[o] = s[o];
         have_prev = true;
-        // the weights' slot, recomputed in each token's pass (opaque): ptxas then keeps the
-        // bf16 / 32-bit-offset path at 80 registers without spills (8 bytes without it, sm_90)
-        const int slot = opaque_int(V == 8 ? gl * 4 : gl * V);
+        const int slot = V == 8 ? gl * 4 : gl * V;  // of this thread's weights in ws[o][.]
         float acc[V];
         weights(k_taps, slot, acc);
         if (res) {  // the residual's row: tap 4's where the table has the token there
@@ -405,7 +401,7 @@ __global__ void __launch_bounds__(k_dw_threads, 3) dw_grad_partial(const dw_grad
   for (int k = 0; k < K; ++k) acc[k] = 0.f;
   if (r < rows && g < groups) {
     for (int t = t0 + r; t < t1; t += rows) {
-      // each tap's x row offset in a sample, computed once per token as in dw_apply (an offset
+      // each tap's x row offset in a sample, computed once per token (an offset
       // per tap and sample was a 64-bit multiply-add: most of this loop's instructions); a missing
       // neighbour reads x's own row instead (a real row) and its product is dropped by a
       // predicate, which leaves acc bit for bit as skipping the tap does, even where that row
@@ -536,8 +532,10 @@ template <class T, int V>
 cudaError_t launch_dw_apply(dw_params p, cudaStream_t stream) {
   const int groups = p.channels / V;
   p.gb = dw_block_groups(groups);
-  const std::int64_t tile_tokens = static_cast<std::int64_t>(k_dw_threads / p.gb / k_dw_run * k_dw_run) * k_dw_run;
-  const std::int64_t tiles = (p.tokens + tile_tokens - 1) / tile_tokens, cblocks = (groups + p.gb - 1) / p.gb;
+  const std::int64_t rows = k_dw_threads / p.gb, cblocks = (groups + p.gb - 1) / p.gb;
+  if (p.run == 0) p.run = dw_apply_walks(p.tokens, rows, cblocks, p.batch) ? k_dw_run : 1;  // 0: choose
+  const std::int64_t tile_tokens = p.run == k_dw_run ? dw_walk_rows(rows) * k_dw_run : rows;
+  const std::int64_t tiles = (p.tokens + tile_tokens - 1) / tile_tokens;
   const dw_apply_split sp = dw_apply_split_for(tiles, cblocks, p.batch);
   p.tiles_per_cta = sp.tiles_per_cta;
   const dim3 grid(static_cast<unsigned>(sp.grid_x), static_cast<unsigned>(cblocks), static_cast<unsigned>(sp.grid_z));
@@ -560,6 +558,7 @@ dw_params apply_params(const gm_depthwise_conv_args* a, const gm_tensor& in, con
   p.batch = static_cast<int>(a->x.extent[0]);
   p.tokens = static_cast<int>(a->x.extent[1]);
   p.channels = static_cast<int>(a->x.extent[2]);
+  p.run = 0;  // launch_dw_apply chooses (dw_apply_walks)
   return p;
 }
 

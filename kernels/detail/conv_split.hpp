@@ -100,6 +100,31 @@ inline dw_apply_split dw_apply_split_for(std::int64_t tiles, std::int64_t cblock
   return s;
 }
 
+//! dw_apply's token rows per block that walk (a multiple of 8: whole groups of 8 x 8 tokens).
+inline std::int64_t dw_walk_rows(std::int64_t rows) { return rows / 8 * 8; }
+
+//! dw_apply walks runs of 8 tokens, keeping rows across them, where the walk still gives the GPU
+//! at least this many (tile, channel block, sample) items: a tile of a walking block has 8 times
+//! the tokens of one that does not, so small stages (Twins-L's 3 and 4 per-sample: 96 and 48
+//! items) would run on a fraction of the SMs. About one CTA per SM of an H100; unmeasured
+//! (bench/gpu/ab/peg_run_ab.cu times both ways at every stage).
+constexpr std::int64_t k_dw_walk_min_items = 128;
+
+//! Whether dw_apply walks (8 tokens a thread, rows kept) or takes one token a thread, for `tokens`
+//! tokens a sample, `rows` token rows per block, `cblocks` channel blocks and `batch` samples: it
+//! walks where its tiles (dw_walk_rows(rows) * 8 tokens) number at least k_dw_walk_min_items
+//! items and their last one is not mostly empty (the padding at most a quarter of the tokens).
+//! Shapes only (the bits are the same either way). Requires tokens, rows, cblocks, batch >= 1.
+inline bool dw_apply_walks(std::int64_t tokens, std::int64_t rows, std::int64_t cblocks, std::int64_t batch) {
+  const std::int64_t tile = dw_walk_rows(rows) * 8;
+  if (tile == 0) return false;
+  const std::int64_t tiles = (tokens + tile - 1) / tile;
+  // items = tiles * cblocks * batch >= cap, without overflow: below the cap, tiles * c * b < 2^21
+  const std::int64_t cap = k_dw_walk_min_items, c = cblocks < cap ? cblocks : cap, b = batch < cap ? batch : cap;
+  const bool enough = tiles >= cap || tiles * c * b >= cap;
+  return enough && (tiles * tile - tokens) * 4 <= tokens;
+}
+
 //! Whether dw_apply can hold its taps' element offsets within a sample as int32: every row start
 //! `s * row_stride` (s < tokens) plus the channels stays below 2^31. Strides are non-negative
 //! (check_tensor). The 32-bit path saves a register and two integer instructions per tap (its

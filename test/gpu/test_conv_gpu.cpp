@@ -14,6 +14,7 @@
 
 #include <greenmim/reference/conv.hpp>
 #include <greenmim/sparse_conv.hpp>
+#include <greenmim/twins_plan.hpp>
 
 #include "../../kernels/detail/conv_split.hpp"
 
@@ -298,14 +299,13 @@ TEST_CASE("gpu depthwise conv (PEG): fwd and bwd vs the CPU reference, vector an
   depthwise_case("shared mask, B 19, C 16", cu3, c3, 16, 19, 16, GM_BFLOAT16, true, rng);
   depthwise_case("shared mask, B 3, C 512", cu3, c3, 16, 3, 512, GM_FLOAT16, true, rng);
   depthwise_case("shared mask, B 9, C 40 (5 groups of 8)", cu3, c3, 16, 9, 40, GM_FLOAT32, false, rng);
-  // several samples per CTA in the forward and dx (dw_apply_split_for): 32 channel groups of 8 per
-  // block, 8 token rows: ~23 x 1 CTAs per sample x 100 samples > 2 x k_dw_apply_min_ctas
-  depthwise_case("shared mask, B 100, C 256 (samples per CTA > 1)", cu3, c3, 16, 100, 256, GM_BFLOAT16, true, rng);
+  // many samples: 32 channel groups of 8 per block, 8 token rows
+  depthwise_case("shared mask, B 100, C 256", cu3, c3, 16, 100, 256, GM_BFLOAT16, true, rng);
   // several samples per CTA on the scalar path and on fp32's two 16-byte halves
   depthwise_case("shared mask, B 100, C 36 (scalar, samples per CTA > 1)", cu3, c3, 16, 100, 36, GM_FLOAT32, true, rng);
-  depthwise_case("shared mask, B 64, C 128 (fp32, samples per CTA > 1)", cu3, c3, 16, 64, 128, GM_FLOAT32, false, rng);
-  // several token tiles per CTA: a packed per-sample batch (B 1, ~6000 tokens), C 256: 8-token
-  // tiles, ~750 of them > 2 x k_dw_apply_min_ctas; C 36 (scalar): 2 channel blocks
+  depthwise_case("shared mask, B 64, C 128 (fp32)", cu3, c3, 16, 64, 128, GM_FLOAT32, false, rng);
+  // a packed per-sample batch (B 1, ~6000 tokens): C 256, 32 channel groups of 8 per block; C 36
+  // (scalar): 2 channel blocks
   std::vector<index_t> many, cu4{0};
   for (int b = 0; b < 40; ++b) {
     for (index_t h = 0; h < 16; ++h)
@@ -313,9 +313,21 @@ TEST_CASE("gpu depthwise conv (PEG): fwd and bwd vs the CPU reference, vector an
         if (keep(rng) || keep(rng)) many.push_back(greenmim::pack_coord(h, w));
     cu4.push_back(static_cast<index_t>(many.size()));
   }
-  depthwise_case("per-sample, B 1, C 256 (tiles per CTA > 1)", cu4, many, 16, 1, 256, GM_BFLOAT16, true, rng);
-  depthwise_case("per-sample, B 1, C 36 (scalar, tiles per CTA > 1)", cu4, many, 16, 1, 36, GM_FLOAT32, false, rng);
-  depthwise_case("per-sample, B 2, C 64 (tiles per CTA > 1)", cu4, many, 16, 2, 64, GM_FLOAT16, true, rng);
+  depthwise_case("per-sample, B 1, C 256", cu4, many, 16, 1, 256, GM_BFLOAT16, true, rng);
+  depthwise_case("per-sample, B 1, C 36 (scalar)", cu4, many, 16, 1, 36, GM_FLOAT32, false, rng);
+  depthwise_case("per-sample, B 2, C 64", cu4, many, 16, 2, 64, GM_FLOAT16, true, rng);
+  // several token tiles per CTA while walking (8 tokens a thread): C 36 (scalar, 8 token rows a
+  // block, tiles of 64 tokens, 2 channel blocks), every unit of 70 samples: 17,920 tokens, 280
+  // tiles x 2 > 2 x k_dw_apply_min_ctas
+  std::vector<index_t> full, cu5{0};
+  for (int b = 0; b < 70; ++b) {
+    for (index_t h = 0; h < 16; ++h)
+      for (index_t w = 0; w < 16; ++w) full.push_back(greenmim::pack_coord(h, w));
+    cu5.push_back(static_cast<index_t>(full.size()));
+  }
+  REQUIRE(greenmim::detail::cuda::dw_apply_walks(17920, 8, 2, 1));
+  REQUIRE(greenmim::detail::cuda::dw_apply_split_for(280, 2, 1).tiles_per_cta > 1);
+  depthwise_case("per-sample, B 1, C 36 (scalar, walking, tiles per CTA > 1)", cu5, full, 16, 1, 36, GM_FLOAT16, true, rng);
 }
 
 //! dweight and dbias of the depthwise backward with x and dy at `offset` elements into their
@@ -506,29 +518,30 @@ TEST_CASE("gpu depthwise conv: arbitrary tables; out-of-range entries read as ze
 }
 
 TEST_CASE("gpu depthwise conv: an output's bits do not depend on where its token is (rows kept from the token before)") {
-  // The forward and dx keep the previous token's rows where the table says the next token's tap is
-  // the same cell (dw_apply, a run of k_dw_run tokens a thread). Tokens in block-major order (as
-  // Twins' plans make them) keep 6 rows of 9 at most tokens; the same tokens in a random order keep
-  // none. Each token's y and dx must have the same bits either way. dweight and dbias sum over the
+  // Where the forward and dx walk (dw_apply_walks: 8 tokens a thread, a row of a Morton-ordered
+  // group of 64), they keep the last token's rows where the table says the next token's tap is
+  // the same cell. Tokens in block-major order (units in Morton order, as Twins' plans make them)
+  // keep 6 rows of 9 at most steps; the same tokens in a random order keep none. Each token's y
+  // and dx must have the same bits either way, walking or not. dweight and dbias sum over the
   // tokens in their order: equal to a tolerance.
   GM_SKIP_WITHOUT_DEVICE();
   const std::uint64_t seed = fresh_seed();
   INFO("seed " << seed << " (GM_TEST_SEED)");
   std::mt19937_64 rng(seed);
-  struct shape { index_t grid, unit; int samples; std::int64_t B, C; gm_dtype dt; };
-  // samples > 1: per-sample masks packed on one token axis (B = 1), the trainer's layout
-  for (const shape sh : {shape{32, 8, 3, 1, 16, GM_BFLOAT16}, shape{32, 8, 1, 3, 24, GM_FLOAT32},
-                         shape{16, 4, 2, 2, 12, GM_FLOAT16}, shape{32, 8, 2, 1, 256, GM_BFLOAT16},
-                         shape{14, 2, 1, 2, 8, GM_BFLOAT16}}) {
+  struct shape { index_t grid, unit; double keep; int samples; std::int64_t B, C; gm_dtype dt; bool walks; };
+  // samples > 1: per-sample masks packed on one token axis (B = 1), the trainer's layout. keep 1:
+  // every unit, so that the token count, and the path, are fixed
+  for (const shape sh : {shape{32, 8, 1.0, 10, 1, 256, GM_BFLOAT16, true},   // 10,240 tokens, 160 tiles of 64
+                         shape{16, 4, 1.0, 1, 64, 36, GM_FLOAT16, true},     // scalar: 4 tiles x 2 blocks x 64
+                         shape{16, 4, 0.4, 60, 1, 36, GM_FLOAT32, true},     // scalar, ~6,000 tokens
+                         shape{32, 8, 0.4, 3, 1, 16, GM_BFLOAT16, false},    // a tile of 1024 tokens: too few
+                         shape{32, 8, 0.4, 1, 3, 24, GM_FLOAT32, false},
+                         shape{14, 2, 0.4, 1, 2, 8, GM_BFLOAT16, false}}) {
     INFO("grid " << sh.grid << " unit " << sh.unit << " samples " << sh.samples << " B " << sh.B << " C " << sh.C
                  << " dtype " << gm_dtype_name(sh.dt));
-    // block-major cells: unit after unit (row-major), each unit's cells row-major
     std::vector<index_t> cells;
-    for (index_t uh = 0; uh < sh.grid; uh += sh.unit)
-      for (index_t uw = 0; uw < sh.grid; uw += sh.unit)
-        for (index_t h = uh; h < uh + sh.unit; ++h)
-          for (index_t w = uw; w < uw + sh.unit; ++w) cells.push_back(greenmim::pack_coord(h, w));
-    std::bernoulli_distribution keep(0.4);
+    greenmim::block_major_cells(sh.grid, sh.unit, cells);
+    std::bernoulli_distribution keep(sh.keep);
     std::vector<index_t> coords, cu{0};
     for (int b = 0; b < sh.samples; ++b) {
       const index_t units = (sh.grid / sh.unit) * (sh.grid / sh.unit), area = sh.unit * sh.unit;
@@ -541,6 +554,10 @@ TEST_CASE("gpu depthwise conv: an output's bits do not depend on where its token
     greenmim::check(greenmim::build_neighbor_table_per_sample(sh.grid, sh.grid, 3, span<const index_t>(cu),
                                                               span<const index_t>(coords), t));
     const std::int64_t N = t.num_tokens, B = sh.B, C = sh.C;
+    {  // the path the kernels take (the launcher's arithmetic: V = 8 where C % 8 == 0, rows 16-byte aligned)
+      const std::int64_t V = C % 8 == 0 ? 8 : 1, gb = std::min<std::int64_t>(C / V, 32);
+      REQUIRE(greenmim::detail::cuda::dw_apply_walks(N, 256 / gb, (C / V + gb - 1) / gb, B) == sh.walks);
+    }
     const std::size_t es = gm_dtype_size(sh.dt), row = static_cast<std::size_t>(C) * es;
     // token t goes to perm[t]: its table row and entries, and its rows of x and dy
     std::vector<index_t> perm(static_cast<std::size_t>(N));
@@ -630,6 +647,39 @@ TEST_CASE("depthwise forward (host): items per CTA") {
   for (const auto& sh : shapes) check_split(sh[0], sh[1], sh[2]);
   std::uniform_int_distribution<std::int64_t> d(1, 1 << 14), c(1, 64);
   for (int i = 0; i < 300; ++i) check_split(d(rng), c(rng), d(rng));
+}
+
+TEST_CASE("depthwise forward (host): where the kernel walks 8 tokens a thread") {
+  using greenmim::detail::cuda::dw_apply_walks;
+  using greenmim::detail::cuda::k_dw_walk_min_items;
+  // the definition, in exact arithmetic: enough (tile, channel block, sample) items, the last
+  // tile at most a quarter padding
+  auto expected = [](std::int64_t tokens, std::int64_t rows, std::int64_t cblocks, std::int64_t batch) {
+    const std::int64_t tile = rows / 8 * 8 * 8;
+    if (tile == 0) return false;
+    const std::int64_t tiles = (tokens + tile - 1) / tile;
+    const long double items = static_cast<long double>(tiles) * cblocks * batch;
+    return items >= k_dw_walk_min_items && (tiles * tile - tokens) * 4 <= tokens;
+  };
+  std::mt19937_64 rng(fresh_seed());
+  std::uniform_int_distribution<std::int64_t> tok(1, 1 << 16), rws(1, 256), cb(1, 8), bt(1, 300);
+  for (int i = 0; i < 5000; ++i) {
+    const std::int64_t n = tok(rng), r = rws(rng), c = cb(rng), b = bt(rng);
+    INFO("tokens " << n << " rows " << r << " cblocks " << c << " batch " << b);
+    CHECK(dw_apply_walks(n, r, c, b) == expected(n, r, c, b));
+  }
+  // extremes: no overflow in the items, fewer than 8 rows cannot walk
+  CHECK(dw_apply_walks(std::int64_t(1) << 31, 8, 65535, std::int64_t(1) << 30));
+  CHECK_FALSE(dw_apply_walks(1 << 20, 7, 1, 1));
+  CHECK_FALSE(dw_apply_walks(65, 8, 64, 64));  // 2 tiles of 64 for 65 tokens: mostly padding
+  // Twins-L bf16 at 25% visible units (tokens a sample, 256 / gb token rows, channel blocks): the
+  // packed per-sample layout walks at stages 1-2, not at 3-4 (96 and 48 items); the shared mask
+  // at batch 64 walks at stage 1
+  CHECK(dw_apply_walks(49152, 16, 1, 1));
+  CHECK(dw_apply_walks(12288, 8, 1, 1));
+  CHECK_FALSE(dw_apply_walks(3072, 8, 2, 1));
+  CHECK_FALSE(dw_apply_walks(768, 8, 4, 1));
+  CHECK(dw_apply_walks(768, 16, 1, 64));
 }
 
 TEST_CASE("depthwise backward (host): the cut of the dweight reduction") {

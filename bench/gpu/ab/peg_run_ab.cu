@@ -4,6 +4,9 @@
 // ("new", kernels/depthwise_conv.cu, included below: a thread walks one row of a Morton-ordered
 // group of 64 tokens and keeps the last token's rows where the table says they are the same
 // cells; 3.75-6.4 rows loaded per output at stages 1-4 instead of 10; unmeasured when written).
+// "new" is timed both ways, walking (p.run = 8) and one token a thread (p.run = 1); "pick" is
+// what the launcher chooses (dw_apply_walks: walks where enough tiles remain), to be set by these
+// figures.
 // bench/gpu/ab/README.md says how these files live and die. Twins-L bf16 stages 1-4, 25% visible
 // 32-px units, tokens block-major (as greenmim.plan_twins orders them): a shared mask at batch 64,
 // and the packed per-sample layout (B = 1, all 64 samples' tokens on one axis: the training
@@ -154,13 +157,14 @@ float time_graph(F&& body) {
   CK(cudaStreamEndCapture(s, &g));
   CK(cudaGraphInstantiate(&ge, g, 0));
   for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
-  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));  // destroyed below
   std::vector<float> t;
   for (int r = 0; r < 15; ++r) {
     CK(cudaEventRecord(a, s)); CK(cudaGraphLaunch(ge, s)); CK(cudaEventRecord(b, s)); CK(cudaEventSynchronize(b));
     float ms; CK(cudaEventElapsedTime(&ms, a, b)); t.push_back(ms * 1000.f / 20.f);
   }
   std::sort(t.begin(), t.end());
+  CK(cudaEventDestroy(a)); CK(cudaEventDestroy(b));
   CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g)); CK(cudaStreamDestroy(s));
   return t[t.size() / 2];
 }
@@ -192,10 +196,10 @@ int main() {
   cudaDeviceProp pr; CK(cudaGetDeviceProperties(&pr, 0));
   std::printf("peg_run_ab on %s: bf16, Twins-L, 25%% visible 32-px units; us per launch (median of 15 graph replays of 20); "
               "%% = the copy's time over the kernel's\n", pr.name);
-  std::printf("%-10s %5s %3s %7s %5s | %7s | %7s %7s %5s %5s | %7s %7s | %s\n", "layout", "stage", "B", "N", "C", "copy",
-              "fwd", "fwd", "fwd%", "fwd%", "dx", "dx", "bits equal (y, dx)");
-  std::printf("%-10s %5s %3s %7s %5s | %7s | %7s %7s %5s %5s | %7s %7s |\n", "", "", "", "", "", "", "prev", "new", "prev",
-              "new", "prev", "new");
+  std::printf("%-10s %5s %3s %7s %5s | %6s | %6s %6s %6s %5s %5s | %6s %6s %6s | %4s | %s\n", "layout", "stage", "B", "N", "C",
+              "copy", "fwd", "fwd", "fwd", "fwd%", "fwd%", "dx", "dx", "dx", "pick", "bits equal (y, dx; walk, one)");
+  std::printf("%-10s %5s %3s %7s %5s | %6s | %6s %6s %6s %5s %5s | %6s %6s %6s | %4s |\n", "", "", "", "", "", "", "prev", "walk",
+              "one", "prev", "best", "prev", "walk", "one", "");
   std::mt19937_64 rng(7);
   const int B_all = 64, units = 7, keep = 12;  // 12 of 49 units visible (24.5%)
   std::vector<std::vector<std::uint8_t>> vis(B_all, std::vector<std::uint8_t>(units * units, 0));
@@ -225,11 +229,15 @@ int main() {
       }
       const int B = layout == 0 ? B_all : 1;
       const std::int64_t N = nt.num_tokens, n = B * N * C;
-      T *x, *dy, *y0, *y1, *d0, *d1, *cp;
+      T *x, *dy, *y0, *y1, *y2, *d0, *d1, *d2, *cp;
       index_t* nbr;
       float *w, *bias;
       CK(cudaMalloc(&x, n * 2)); CK(cudaMalloc(&dy, n * 2)); CK(cudaMalloc(&cp, n * 2));
-      CK(cudaMalloc(&y0, n * 2)); CK(cudaMalloc(&y1, n * 2)); CK(cudaMalloc(&d0, n * 2)); CK(cudaMalloc(&d1, n * 2));
+      CK(cudaMalloc(&y0, n * 2)); CK(cudaMalloc(&y1, n * 2)); CK(cudaMalloc(&y2, n * 2));
+      CK(cudaMalloc(&d0, n * 2)); CK(cudaMalloc(&d1, n * 2)); CK(cudaMalloc(&d2, n * 2));
+      // different patterns: a token no kernel writes cannot compare equal
+      CK(cudaMemset(y0, 0xFF, n * 2)); CK(cudaMemset(y1, 0xFE, n * 2)); CK(cudaMemset(y2, 0xFD, n * 2));
+      CK(cudaMemset(d0, 0xFF, n * 2)); CK(cudaMemset(d1, 0xFE, n * 2)); CK(cudaMemset(d2, 0xFD, n * 2));
       CK(cudaMalloc(&nbr, nt.nbr.size() * 4)); CK(cudaMalloc(&w, C * 9 * 4)); CK(cudaMalloc(&bias, C * 4));
       CK(cudaMemcpy(nbr, nt.nbr.data(), nt.nbr.size() * 4, cudaMemcpyHostToDevice));
       {
@@ -251,28 +259,37 @@ int main() {
       p.batch = B; p.tokens = static_cast<int>(N); p.channels = static_cast<int>(C);
       dw_params m = p;  // dx: dy through the mirrored table, with the residual, no bias
       m.in = dy; m.res = dy; m.bias = nullptr; m.mirrored = 1;
-      auto to = [](dw_params q, T* o) { q.out = o; return q; };
+      auto to = [](dw_params q, T* o, int run = 1) { q.out = o; q.run = run; return q; };
       const float tc = time_graph([&](cudaStream_t st) { CK(cudaMemcpyAsync(cp, x, n * 2, cudaMemcpyDeviceToDevice, st)); });
       auto ab = [&](auto&& prev, auto&& next, float& tp, float& tn) {
         const float p1 = time_graph(prev), n1 = time_graph(next), n2 = time_graph(next), p2 = time_graph(prev);
         tp = std::min(p1, p2);
         tn = std::min(n1, n2);
       };
-      float f0, f1, x0, x1;
+      float f0, f1, f0b, f2, x0, x1, x0b, x2;
       ab([&](cudaStream_t st) { launch_prev_apply<T>(to(p, y0), st); },
-         [&](cudaStream_t st) { CK((launch_dw_apply<T, 8>(to(p, y1), st))); }, f0, f1);
+         [&](cudaStream_t st) { CK((launch_dw_apply<T, 8>(to(p, y1, k_dw_run), st))); }, f0, f1);
+      ab([&](cudaStream_t st) { launch_prev_apply<T>(to(p, y0), st); },
+         [&](cudaStream_t st) { CK((launch_dw_apply<T, 8>(to(p, y2, 1), st))); }, f0b, f2);
       ab([&](cudaStream_t st) { launch_prev_apply<T>(to(m, d0), st); },
-         [&](cudaStream_t st) { CK((launch_dw_apply<T, 8>(to(m, d1), st))); }, x0, x1);
+         [&](cudaStream_t st) { CK((launch_dw_apply<T, 8>(to(m, d1, k_dw_run), st))); }, x0, x1);
+      ab([&](cudaStream_t st) { launch_prev_apply<T>(to(m, d0), st); },
+         [&](cudaStream_t st) { CK((launch_dw_apply<T, 8>(to(m, d2, 1), st))); }, x0b, x2);
       CK(cudaDeviceSynchronize());
-      const bool ey = fetch<unsigned short>(y0, n) == fetch<unsigned short>(y1, n);
-      const bool ed = fetch<unsigned short>(d0, n) == fetch<unsigned short>(d1, n);
-      all_equal = all_equal && ey && ed;
-      std::printf("%-10s %5d %3d %7lld %5lld | %7.2f | %7.2f %7.2f %4.0f%% %4.0f%% | %7.2f %7.2f | %s %s\n",
-                  layout == 0 ? "shared" : "per-sample", s + 1, B, static_cast<long long>(N), static_cast<long long>(C), tc, f0, f1,
-                  100 * tc / f0, 100 * tc / f1, x0, x1, ey ? "yes" : "NO", ed ? "yes" : "NO");
+      const auto Y0 = fetch<unsigned short>(y0, n), D0 = fetch<unsigned short>(d0, n);
+      const bool ey1 = Y0 == fetch<unsigned short>(y1, n), ey2 = Y0 == fetch<unsigned short>(y2, n);
+      const bool ed1 = D0 == fetch<unsigned short>(d1, n), ed2 = D0 == fetch<unsigned short>(d2, n);
+      all_equal = all_equal && ey1 && ey2 && ed1 && ed2;
+      const int gb = dw_block_groups(static_cast<int>(C / 8));
+      const bool pick = dw_apply_walks(N, k_dw_threads / gb, (C / 8 + gb - 1) / gb, B);
+      const float fp = std::min(f0, f0b), xp = std::min(x0, x0b);
+      std::printf("%-10s %5d %3d %7lld %5lld | %6.2f | %6.2f %6.2f %6.2f %4.0f%% %4.0f%% | %6.2f %6.2f %6.2f | %4s | %s %s, %s %s\n",
+                  layout == 0 ? "shared" : "per-sample", s + 1, B, static_cast<long long>(N), static_cast<long long>(C), tc, fp, f1,
+                  f2, 100 * tc / fp, 100 * tc / std::min(f1, f2), xp, x1, x2, pick ? "walk" : "one", ey1 ? "yes" : "NO",
+                  ed1 ? "yes" : "NO", ey2 ? "yes" : "NO", ed2 ? "yes" : "NO");
       for (void* q : {static_cast<void*>(x), static_cast<void*>(dy), static_cast<void*>(cp), static_cast<void*>(y0),
-                      static_cast<void*>(y1), static_cast<void*>(d0), static_cast<void*>(d1), static_cast<void*>(nbr),
-                      static_cast<void*>(w), static_cast<void*>(bias)})
+                      static_cast<void*>(y1), static_cast<void*>(y2), static_cast<void*>(d0), static_cast<void*>(d1),
+                      static_cast<void*>(d2), static_cast<void*>(nbr), static_cast<void*>(w), static_cast<void*>(bias)})
         CK(cudaFree(q));
     }
   }
