@@ -231,8 +231,9 @@ static_assert(k_dw_threads / k_dw_max_groups >= k_dw_run, "a walking block needs
 //! one column on, the table says so (equal entries) and the row is not loaded again. The 8 rows
 //! of a group cover its 64 tokens whatever the geometry, and the test is on the entries, so any
 //! table and any token order are served exactly; only the rows loaded change. On Twins-L's
-//! tables (25% visible units, tokens block-major) a token loads 3.75 / 4.3 / 5.3 / 6.4 rows at
-//! stages 1-4 (host count of this walk), against 10 for the kernel before (9 taps and the
+//! tables (25% visible units, tokens block-major) a walking token loads 3.75 / 4.3 rows at stages
+//! 1-2 (5.3 / 6.4 at stages 3-4, which do not walk per-sample; host count of this walk), against
+//! 10 for the kernel before (9 taps and the
 //! residual, which is now tap 4's row where the table has the token there): fewer L1 wavefronts,
 //! which ncu measured as the limit. dx walks its rows backwards: through the mirrored table the
 //! last token's tap o + 1 is then again the next one's tap o. Not walking (p.run == 1: small
