@@ -5,9 +5,9 @@
 //! - forward and dx: a block is `rows` token rows x `gb` channel groups of V channels (V = 8:
 //!   16-byte vectors, C % 8 == 0 and 16-byte aligned rows; else V = 1), gb = min(C / V, 32), and
 //!   walks several token tiles and samples (dw_apply_split_for); it stages its channels' 9 weights
-//!   and bias in shared memory (tap-major). A thread walks 8 tokens (a row of a Morton-ordered
-//!   group of 64) and keeps the last token's rows where the next token's taps are the same cells
-//!   (dw_apply). dx
+//!   and bias in shared memory (tap-major). Where enough tiles remain (dw_apply_walks), a thread
+//!   walks 8 tokens (a row of a Morton-ordered group of 64) and keeps the last token's rows where
+//!   the next token's taps are the same cells; else it takes one token (dw_apply). dx
 //!   gathers through the mirrored offsets of the forward table (no scatter, no atomics):
 //!   dx[s] = sum_o w[o] dy[nbr[s, 8 - o]] (+ dy[s]).
 //! - dweight and dbias, deterministic: (tokens x samples) is cut into pieces (conv_split.hpp: the
@@ -185,7 +185,8 @@ struct dw_params {
   int gb = 1;             // channel groups per block (dw_block_groups)
   int tiles_per_cta = 1;  // token tiles per CTA (dw_apply_split)
   int mirrored = 0;       // 1: dx (read the table at mirrored offsets)
-  int run = 1;            // tokens a thread walks: k_dw_run (rows kept across them) or 1 (dw_apply_walks)
+  int run = 0;            // tokens a thread walks: k_dw_run (rows kept across them) or 1; 0: the
+                          // launcher chooses (dw_apply_walks)
 };
 
 //! `p` unchanged, but opaque to the optimizer: dw_apply's per-sample base pointer stays one
@@ -535,6 +536,7 @@ cudaError_t launch_dw_apply(dw_params p, cudaStream_t stream) {
   p.gb = dw_block_groups(groups);
   const std::int64_t rows = k_dw_threads / p.gb, cblocks = (groups + p.gb - 1) / p.gb;
   if (p.run == 0) p.run = dw_apply_walks(p.tokens, rows, cblocks, p.batch) ? k_dw_run : 1;  // 0: choose
+  p.run = p.run == k_dw_run ? k_dw_run : 1;  // the kernel's two ways, whatever was asked
   const std::int64_t tile_tokens = p.run == k_dw_run ? dw_walk_rows(rows) * k_dw_run : rows;
   const std::int64_t tiles = (p.tokens + tile_tokens - 1) / tile_tokens;
   const dw_apply_split sp = dw_apply_split_for(tiles, cblocks, p.batch);
@@ -559,7 +561,6 @@ dw_params apply_params(const gm_depthwise_conv_args* a, const gm_tensor& in, con
   p.batch = static_cast<int>(a->x.extent[0]);
   p.tokens = static_cast<int>(a->x.extent[1]);
   p.channels = static_cast<int>(a->x.extent[2]);
-  p.run = 0;  // launch_dw_apply chooses (dw_apply_walks)
   return p;
 }
 

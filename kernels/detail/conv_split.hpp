@@ -112,8 +112,9 @@ constexpr std::int64_t k_dw_walk_min_items = 128;
 
 //! Whether dw_apply walks (8 tokens a thread, rows kept) or takes one token a thread, for `tokens`
 //! tokens a sample, `rows` token rows per block, `cblocks` channel blocks and `batch` samples: it
-//! walks where its tiles (dw_walk_rows(rows) * 8 tokens) number at least k_dw_walk_min_items
-//! items and their last one is not mostly empty (the padding at most a quarter of the tokens).
+//! walks where its tiles (dw_walk_rows(rows) * 8 tokens) make at least k_dw_walk_min_items
+//! (tile, channel block, sample) items and pad the tokens by at most a quarter (the tiles cover at
+//! most 1.25 times the tokens; only a sample of 4 tiles or fewer can fail that).
 //! Shapes only (the bits are the same either way). Requires tokens, rows, cblocks, batch >= 1.
 inline bool dw_apply_walks(std::int64_t tokens, std::int64_t rows, std::int64_t cblocks, std::int64_t batch) {
   const std::int64_t tile = dw_walk_rows(rows) * 8;

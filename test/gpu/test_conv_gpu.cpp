@@ -406,15 +406,22 @@ TEST_CASE("gpu depthwise conv: rows 2^32 elements apart (64-bit offsets) give th
   const std::vector<index_t> cu{0, static_cast<index_t>(c.size())};
   greenmim::neighbor_table t;
   greenmim::check(greenmim::build_neighbor_table_per_sample(grid, grid, 3, span<const index_t>(cu), span<const index_t>(c), t));
-  const std::int64_t N = t.num_tokens;
-  REQUIRE(N >= 2);
-  struct shape { std::int64_t B, C; gm_dtype dt; };
+  REQUIRE(t.num_tokens >= 2);
+  // a full 8 x 8 stage (64 tokens, Morton order): at B 64 and C 36 the kernels walk
+  std::vector<index_t> c64;
+  greenmim::block_major_cells(8, 8, c64);
+  const std::vector<index_t> cu64{0, static_cast<index_t>(c64.size())};
+  greenmim::neighbor_table t64;
+  greenmim::check(greenmim::build_neighbor_table_per_sample(8, 8, 3, span<const index_t>(cu64), span<const index_t>(c64), t64));
+  REQUIRE(greenmim::detail::cuda::dw_apply_walks(64, 8, 2, 64));
+  struct shape { const greenmim::neighbor_table* table; std::int64_t B, C; gm_dtype dt; };
   // C 16 bf16 / C 8 fp32: the vector path; C 12 fp16: the scalar path; B 600: many samples per
-  // CTA
-  for (const shape sh : {shape{1, 16, GM_BFLOAT16}, shape{600, 16, GM_BFLOAT16}, shape{1, 12, GM_FLOAT16},
-                         shape{600, 12, GM_FLOAT16}, shape{1, 8, GM_FLOAT32}}) {
-    const std::int64_t B = sh.B, C = sh.C;
-    INFO("B " << B << " C " << C << " dtype " << gm_dtype_name(sh.dt));
+  // CTA; the last walks
+  for (const shape sh : {shape{&t, 1, 16, GM_BFLOAT16}, shape{&t, 600, 16, GM_BFLOAT16}, shape{&t, 1, 12, GM_FLOAT16},
+                         shape{&t, 600, 12, GM_FLOAT16}, shape{&t, 1, 8, GM_FLOAT32}, shape{&t64, 64, 36, GM_FLOAT16}}) {
+    const greenmim::neighbor_table& tab = *sh.table;
+    const std::int64_t N = tab.num_tokens, B = sh.B, C = sh.C;
+    INFO("N " << N << " B " << B << " C " << C << " dtype " << gm_dtype_name(sh.dt));
     const htensor hx = random_htensor(sh.dt, static_cast<std::size_t>(B * N * C), rng);
     const htensor hdy = random_htensor(sh.dt, static_cast<std::size_t>(B * N * C), rng);
     const auto w = random_floats(static_cast<std::size_t>(C) * 9, rng), bias = random_floats(static_cast<std::size_t>(C), rng);
@@ -422,8 +429,8 @@ TEST_CASE("gpu depthwise conv: rows 2^32 elements apart (64-bit offsets) give th
     REQUIRE((N - 1) * far > (std::int64_t(1) << 32));  // the last row's offset wraps in 32 bits
     REQUIRE_FALSE(dw_offsets_fit_int32(N, far, C));
     const std::int64_t dense[3] = {N * C, C, 1}, strided[3] = {C, far, 1};
-    const auto a = depthwise_strided(t, B, C, sh.dt, hx, hdy, w, bias, dense, dense);
-    const auto b = depthwise_strided(t, B, C, sh.dt, hx, hdy, w, bias, strided, strided);
+    const auto a = depthwise_strided(tab, B, C, sh.dt, hx, hdy, w, bias, dense, dense);
+    const auto b = depthwise_strided(tab, B, C, sh.dt, hx, hdy, w, bias, strided, strided);
     for (std::size_t i = 0; i < a.size(); ++i) {
       INFO("output " << i << " (y, dx, dweight, dbias)");
       CHECK(a[i] == b[i]);
@@ -441,11 +448,20 @@ TEST_CASE("gpu depthwise conv: arbitrary tables; out-of-range entries read as ze
   INFO("seed " << seed << " (GM_TEST_SEED)");
   std::mt19937_64 rng(seed);
   const index_t bad[] = {greenmim::pad_index, -7, std::numeric_limits<index_t>::min(), std::numeric_limits<index_t>::max()};
-  struct shape { std::int64_t B, N, C; gm_dtype dt; };
-  // B 600 at small N: many samples per CTA
-  for (const shape sh : {shape{3, 37, 16, GM_BFLOAT16}, shape{2, 300, 24, GM_FLOAT32}, shape{5, 29, 12, GM_FLOAT16},
-                         shape{1, 700, 64, GM_BFLOAT16}, shape{600, 20, 16, GM_BFLOAT16}, shape{600, 20, 8, GM_FLOAT32}}) {
+  struct shape { std::int64_t B, N, C; gm_dtype dt; bool walks; };
+  // B 600 at small N: many samples per CTA. The last walks (dw_apply_walks: 8 tokens a thread,
+  // rows kept where the entries are equal, out-of-range ones too); the walk's logic does not
+  // depend on V, and a walking V = 8 case needs 2M elements at least (128 tiles of 16,384), which
+  // the emulator takes 11 s to check here
+  for (const shape sh : {shape{3, 37, 16, GM_BFLOAT16, false}, shape{2, 300, 24, GM_FLOAT32, false},
+                         shape{5, 29, 12, GM_FLOAT16, false}, shape{1, 700, 64, GM_BFLOAT16, false},
+                         shape{600, 20, 16, GM_BFLOAT16, false}, shape{600, 20, 8, GM_FLOAT32, false},
+                         shape{64, 256, 36, GM_FLOAT16, true}}) {
     const std::int64_t B = sh.B, N = sh.N, C = sh.C;
+    {  // the launcher's arithmetic: V = 8 where C % 8 == 0 (dense rows, 16-byte aligned)
+      const std::int64_t V = C % 8 == 0 ? 8 : 1, gb = std::min<std::int64_t>(C / V, 32);
+      REQUIRE(greenmim::detail::cuda::dw_apply_walks(N, 256 / gb, (C / V + gb - 1) / gb, B) == sh.walks);
+    }
     for (int poisoned_tensor = 0; poisoned_tensor < 2; ++poisoned_tensor) {  // 0: x, 1: dy
       INFO("B " << B << " N " << N << " C " << C << " dtype " << gm_dtype_name(sh.dt) << " NaN rows in "
                 << (poisoned_tensor ? "dy" : "x"));
@@ -652,8 +668,8 @@ TEST_CASE("depthwise forward (host): items per CTA") {
 TEST_CASE("depthwise forward (host): where the kernel walks 8 tokens a thread") {
   using greenmim::detail::cuda::dw_apply_walks;
   using greenmim::detail::cuda::k_dw_walk_min_items;
-  // the definition, in exact arithmetic: enough (tile, channel block, sample) items, the last
-  // tile at most a quarter padding
+  // the definition, in exact arithmetic: enough (tile, channel block, sample) items, and the tiles
+  // padding the tokens by at most a quarter
   auto expected = [](std::int64_t tokens, std::int64_t rows, std::int64_t cblocks, std::int64_t batch) {
     const std::int64_t tile = rows / 8 * 8 * 8;
     if (tile == 0) return false;
@@ -670,16 +686,21 @@ TEST_CASE("depthwise forward (host): where the kernel walks 8 tokens a thread") 
   }
   // extremes: no overflow in the items, fewer than 8 rows cannot walk
   CHECK(dw_apply_walks(std::int64_t(1) << 31, 8, 65535, std::int64_t(1) << 30));
+  CHECK(dw_apply_walks(64, 8, 65535, std::int64_t(1) << 30));  // one tile, the items capped
+  CHECK_FALSE(dw_apply_walks(64, 8, 1, 127));
   CHECK_FALSE(dw_apply_walks(1 << 20, 7, 1, 1));
   CHECK_FALSE(dw_apply_walks(65, 8, 64, 64));  // 2 tiles of 64 for 65 tokens: mostly padding
   // Twins-L bf16 at 25% visible units (tokens a sample, 256 / gb token rows, channel blocks): the
   // packed per-sample layout walks at stages 1-2, not at 3-4 (96 and 48 items); the shared mask
-  // at batch 64 walks at stage 1
+  // at batch 64 walks at stages 1-2, not at 3-4 (48 and 12 tokens a sample: mostly padding)
   CHECK(dw_apply_walks(49152, 16, 1, 1));
   CHECK(dw_apply_walks(12288, 8, 1, 1));
   CHECK_FALSE(dw_apply_walks(3072, 8, 2, 1));
   CHECK_FALSE(dw_apply_walks(768, 8, 4, 1));
   CHECK(dw_apply_walks(768, 16, 1, 64));
+  CHECK(dw_apply_walks(192, 8, 1, 64));
+  CHECK_FALSE(dw_apply_walks(48, 8, 2, 64));
+  CHECK_FALSE(dw_apply_walks(12, 8, 4, 64));
 }
 
 TEST_CASE("depthwise backward (host): the cut of the dweight reduction") {
