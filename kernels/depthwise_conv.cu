@@ -234,9 +234,8 @@ static_assert(k_dw_threads / k_dw_max_groups >= k_dw_run, "a walking block needs
 //! table and any token order are served exactly; only the rows loaded change. On Twins-L's
 //! tables (25% visible units, tokens block-major) a walking token loads 3.75 / 4.3 rows at stages
 //! 1-2 (5.3 / 6.4 at stages 3-4, which do not walk per-sample; host count of this walk), against
-//! 10 for the kernel before (9 taps and the
-//! residual, which is now tap 4's row where the table has the token there): fewer L1 wavefronts,
-//! which ncu measured as the limit. dx walks its rows backwards: through the mirrored table the
+//! 10 for the kernel before (9 taps and the residual, which is now tap 4's row where the table has
+//! the token there): fewer L1 wavefronts, which ncu measured as the limit. dx walks its rows backwards: through the mirrored table the
 //! last token's tap o + 1 is then again the next one's tap o. Not walking (p.run == 1: small
 //! stages, where 8 tokens a thread would leave most SMs idle), a tile is `rows` tokens, one a
 //! thread, every row loaded.
@@ -277,16 +276,15 @@ __global__ void __launch_bounds__(k_dw_threads, sizeof(T) == 4 && V == 8 ? 2 : 3
   const T* in = static_cast<const T*>(p.in);
   const T* res = static_cast<const T*>(p.res);
   T* out = static_cast<T*>(p.out);
-  // tap o's (o = 9: the bias) V weights of this thread's channels, from ws[o][.] at `slot` (gl * 4
-  // for V = 8, else gl * V: ws_slot)
-  auto weights = [&](int o, int slot, float (&w)[V]) {
+  // tap o's (o = 9: the bias) V weights of this thread's channels
+  auto weights = [&](int o, float (&w)[V]) {
     if constexpr (V == 8) {  // the group's halves, ws_slot<8>
-      const float4 lo = *reinterpret_cast<const float4*>(&ws[o][slot]);
-      const float4 hi = *reinterpret_cast<const float4*>(&ws[o][k_dw_max_groups * 4 + slot]);
+      const float4 lo = *reinterpret_cast<const float4*>(&ws[o][gl * 4]);
+      const float4 hi = *reinterpret_cast<const float4*>(&ws[o][k_dw_max_groups * 4 + gl * 4]);
       w[0] = lo.x; w[1] = lo.y; w[2] = lo.z; w[3] = lo.w; w[4] = hi.x; w[5] = hi.y; w[6] = hi.z; w[7] = hi.w;
     } else {
 #pragma unroll
-      for (int v = 0; v < V; ++v) w[v] = ws[o][ws_slot<V>(slot + v)];
+      for (int v = 0; v < V; ++v) w[v] = ws[o][ws_slot<V>(gl * V + v)];
     }
   };
   using io = row_io<T, V>;
@@ -338,9 +336,8 @@ __global__ void __launch_bounds__(k_dw_threads, sizeof(T) == 4 && V == 8 ? 2 : 3
 #pragma unroll
         for (int o = 0; o < k_taps; ++o) prev[o] = s[o];
         have_prev = true;
-        const int slot = V == 8 ? gl * 4 : gl * V;  // of this thread's weights in ws[o][.]
         float acc[V];
-        weights(k_taps, slot, acc);
+        weights(k_taps, acc);
         if (res) {  // the residual's row: tap 4's where the table has the token there
           float rv[V];
           if (own_residual && s[4] == t) io::widen(x[4], rv);
@@ -352,7 +349,7 @@ __global__ void __launch_bounds__(k_dw_threads, sizeof(T) == 4 && V == 8 ? 2 : 3
         for (int o = 0; o < k_taps; ++o) {
           const bool skip = (pad >> o) & 1u;
           float w[V], xv[V];
-          weights(o, slot, w);
+          weights(o, w);
           io::widen(x[o], xv);
 #pragma unroll
           for (int v = 0; v < V; ++v) acc[v] = skip ? acc[v] : fmaf(w[v], xv[v], acc[v]);

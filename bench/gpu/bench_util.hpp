@@ -1,6 +1,7 @@
 //! \file bench_util.hpp
-//! What the GPU benchmark programs share (bench_gpu.cpp, conv/bench_conv_gpu.cpp): the error
-//! check, an owning device buffer, uploads, and the median-of-launches timer with its lead spin.
+//! What the GPU benchmark programs share (bench_gpu.cpp, conv/bench_conv_gpu.cpp, ab/*.cu): the
+//! error check, an owning device buffer, uploads, the median-of-launches timer with its lead spin,
+//! and the CUDA-graph timer of the A/B benches.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -79,6 +80,43 @@ double median_ms(F&& f, int warmup, int reps) {
   BENCH_CHECK(cudaEventDestroy(a));
   BENCH_CHECK(cudaEventDestroy(b));
   std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+//! Median microseconds per launch of body(stream), captured `launches` times into one CUDA graph
+//! and replayed `replays` times after 3 warm-up replays: for kernels of a few microseconds, whose
+//! launch gaps a graph removes (the A/B benches of bench/gpu/ab/ and the device runs they compare
+//! with time this way).
+template <class F>
+float graph_median_us(F&& body, int launches = 20, int replays = 15) {
+  cudaStream_t s;
+  BENCH_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  BENCH_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < launches; ++i) body(s);
+  BENCH_CHECK(cudaStreamEndCapture(s, &g));
+  BENCH_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  for (int i = 0; i < 3; ++i) BENCH_CHECK(cudaGraphLaunch(ge, s));
+  cudaEvent_t a, b;
+  BENCH_CHECK(cudaEventCreate(&a));
+  BENCH_CHECK(cudaEventCreate(&b));
+  std::vector<float> t;
+  for (int r = 0; r < replays; ++r) {
+    BENCH_CHECK(cudaEventRecord(a, s));
+    BENCH_CHECK(cudaGraphLaunch(ge, s));
+    BENCH_CHECK(cudaEventRecord(b, s));
+    BENCH_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    BENCH_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000.f / static_cast<float>(launches));
+  }
+  std::sort(t.begin(), t.end());
+  BENCH_CHECK(cudaEventDestroy(a));
+  BENCH_CHECK(cudaEventDestroy(b));
+  BENCH_CHECK(cudaGraphExecDestroy(ge));
+  BENCH_CHECK(cudaGraphDestroy(g));
+  BENCH_CHECK(cudaStreamDestroy(s));
   return t[t.size() / 2];
 }
 

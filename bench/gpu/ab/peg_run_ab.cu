@@ -27,6 +27,8 @@
 
 #include <greenmim/twins_plan.hpp>
 
+#include "../bench_util.hpp"
+
 namespace greenmim { namespace detail { namespace cuda { namespace {
 
 // ---- the previous kernel, verbatim but for its name ----------------------------------------------
@@ -146,28 +148,7 @@ __global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply_prev(co
 
 using namespace greenmim;
 using namespace greenmim::detail::cuda;
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { std::printf("CUDA error %s at line %d\n", cudaGetErrorString(e_), __LINE__); std::exit(1); } } while (0)
-
-template <class F>
-float time_graph(F&& body) {
-  cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t g; cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < 20; ++i) body(s);
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
-  cudaEvent_t a, b; CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));  // destroyed below
-  std::vector<float> t;
-  for (int r = 0; r < 15; ++r) {
-    CK(cudaEventRecord(a, s)); CK(cudaGraphLaunch(ge, s)); CK(cudaEventRecord(b, s)); CK(cudaEventSynchronize(b));
-    float ms; CK(cudaEventElapsedTime(&ms, a, b)); t.push_back(ms * 1000.f / 20.f);
-  }
-  std::sort(t.begin(), t.end());
-  CK(cudaEventDestroy(a)); CK(cudaEventDestroy(b));
-  CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g)); CK(cudaStreamDestroy(s));
-  return t[t.size() / 2];
-}
+using gm_bench::graph_median_us;
 
 //! The previous launcher of dw_apply (f8e7fa1): tiles of `rows` tokens, two samples a thread where
 //! a CTA has several.
@@ -187,13 +168,13 @@ void launch_prev_apply(dw_params p, cudaStream_t st) {
 template <class E>
 std::vector<E> fetch(const void* d, std::size_t n) {
   std::vector<E> h(n);
-  CK(cudaMemcpy(h.data(), d, n * sizeof(E), cudaMemcpyDeviceToHost));
+  BENCH_CHECK(cudaMemcpy(h.data(), d, n * sizeof(E), cudaMemcpyDeviceToHost));
   return h;
 }
 
 int main() {
   using T = __nv_bfloat16;
-  cudaDeviceProp pr; CK(cudaGetDeviceProperties(&pr, 0));
+  cudaDeviceProp pr; BENCH_CHECK(cudaGetDeviceProperties(&pr, 0));
   std::printf("peg_run_ab on %s: bf16, Twins-L, 25%% visible 32-px units; us per launch (median of 15 graph replays of 20); "
               "%% = the copy's time over the kernel's\n", pr.name);
   std::printf("%-10s %5s %3s %7s %5s | %6s | %6s %6s %6s %5s %5s | %6s %6s %6s | %4s | %s\n", "layout", "stage", "B", "N", "C",
@@ -232,26 +213,26 @@ int main() {
       T *x, *dy, *y0, *y1, *y2, *d0, *d1, *d2, *cp;
       index_t* nbr;
       float *w, *bias;
-      CK(cudaMalloc(&x, n * 2)); CK(cudaMalloc(&dy, n * 2)); CK(cudaMalloc(&cp, n * 2));
-      CK(cudaMalloc(&y0, n * 2)); CK(cudaMalloc(&y1, n * 2)); CK(cudaMalloc(&y2, n * 2));
-      CK(cudaMalloc(&d0, n * 2)); CK(cudaMalloc(&d1, n * 2)); CK(cudaMalloc(&d2, n * 2));
+      BENCH_CHECK(cudaMalloc(&x, n * 2)); BENCH_CHECK(cudaMalloc(&dy, n * 2)); BENCH_CHECK(cudaMalloc(&cp, n * 2));
+      BENCH_CHECK(cudaMalloc(&y0, n * 2)); BENCH_CHECK(cudaMalloc(&y1, n * 2)); BENCH_CHECK(cudaMalloc(&y2, n * 2));
+      BENCH_CHECK(cudaMalloc(&d0, n * 2)); BENCH_CHECK(cudaMalloc(&d1, n * 2)); BENCH_CHECK(cudaMalloc(&d2, n * 2));
       // different patterns: a token no kernel writes cannot compare equal
-      CK(cudaMemset(y0, 0xFF, n * 2)); CK(cudaMemset(y1, 0xFE, n * 2)); CK(cudaMemset(y2, 0xFD, n * 2));
-      CK(cudaMemset(d0, 0xFF, n * 2)); CK(cudaMemset(d1, 0xFE, n * 2)); CK(cudaMemset(d2, 0xFD, n * 2));
-      CK(cudaMalloc(&nbr, nt.nbr.size() * 4)); CK(cudaMalloc(&w, C * 9 * 4)); CK(cudaMalloc(&bias, C * 4));
-      CK(cudaMemcpy(nbr, nt.nbr.data(), nt.nbr.size() * 4, cudaMemcpyHostToDevice));
+      BENCH_CHECK(cudaMemset(y0, 0xFF, n * 2)); BENCH_CHECK(cudaMemset(y1, 0xFE, n * 2)); BENCH_CHECK(cudaMemset(y2, 0xFD, n * 2));
+      BENCH_CHECK(cudaMemset(d0, 0xFF, n * 2)); BENCH_CHECK(cudaMemset(d1, 0xFE, n * 2)); BENCH_CHECK(cudaMemset(d2, 0xFD, n * 2));
+      BENCH_CHECK(cudaMalloc(&nbr, nt.nbr.size() * 4)); BENCH_CHECK(cudaMalloc(&w, C * 9 * 4)); BENCH_CHECK(cudaMalloc(&bias, C * 4));
+      BENCH_CHECK(cudaMemcpy(nbr, nt.nbr.data(), nt.nbr.size() * 4, cudaMemcpyHostToDevice));
       {
         std::normal_distribution<float> nd;
         std::vector<T> h(n);
         for (auto& e : h) e = __float2bfloat16(nd(rng));
-        CK(cudaMemcpy(x, h.data(), n * 2, cudaMemcpyHostToDevice));
+        BENCH_CHECK(cudaMemcpy(x, h.data(), n * 2, cudaMemcpyHostToDevice));
         for (auto& e : h) e = __float2bfloat16(nd(rng));
-        CK(cudaMemcpy(dy, h.data(), n * 2, cudaMemcpyHostToDevice));
+        BENCH_CHECK(cudaMemcpy(dy, h.data(), n * 2, cudaMemcpyHostToDevice));
         std::vector<float> hw(C * 9), hb(C);
         for (auto& e : hw) e = nd(rng);
         for (auto& e : hb) e = nd(rng);
-        CK(cudaMemcpy(w, hw.data(), C * 36, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(bias, hb.data(), C * 4, cudaMemcpyHostToDevice));
+        BENCH_CHECK(cudaMemcpy(w, hw.data(), C * 36, cudaMemcpyHostToDevice));
+        BENCH_CHECK(cudaMemcpy(bias, hb.data(), C * 4, cudaMemcpyHostToDevice));
       }
       dw_params p;
       p.in = x; p.res = x; p.nbr = nbr; p.w = w; p.bias = bias;
@@ -260,22 +241,22 @@ int main() {
       dw_params m = p;  // dx: dy through the mirrored table, with the residual, no bias
       m.in = dy; m.res = dy; m.bias = nullptr; m.mirrored = 1;
       auto to = [](dw_params q, T* o, int run = 1) { q.out = o; q.run = run; return q; };
-      const float tc = time_graph([&](cudaStream_t st) { CK(cudaMemcpyAsync(cp, x, n * 2, cudaMemcpyDeviceToDevice, st)); });
+      const float tc = graph_median_us([&](cudaStream_t st) { BENCH_CHECK(cudaMemcpyAsync(cp, x, n * 2, cudaMemcpyDeviceToDevice, st)); });
       auto ab = [&](auto&& prev, auto&& next, float& tp, float& tn) {
-        const float p1 = time_graph(prev), n1 = time_graph(next), n2 = time_graph(next), p2 = time_graph(prev);
+        const float p1 = graph_median_us(prev), n1 = graph_median_us(next), n2 = graph_median_us(next), p2 = graph_median_us(prev);
         tp = std::min(p1, p2);
         tn = std::min(n1, n2);
       };
       float f0, f1, f0b, f2, x0, x1, x0b, x2;
       ab([&](cudaStream_t st) { launch_prev_apply<T>(to(p, y0), st); },
-         [&](cudaStream_t st) { CK((launch_dw_apply<T, 8>(to(p, y1, k_dw_run), st))); }, f0, f1);
+         [&](cudaStream_t st) { BENCH_CHECK((launch_dw_apply<T, 8>(to(p, y1, k_dw_run), st))); }, f0, f1);
       ab([&](cudaStream_t st) { launch_prev_apply<T>(to(p, y0), st); },
-         [&](cudaStream_t st) { CK((launch_dw_apply<T, 8>(to(p, y2, 1), st))); }, f0b, f2);
+         [&](cudaStream_t st) { BENCH_CHECK((launch_dw_apply<T, 8>(to(p, y2, 1), st))); }, f0b, f2);
       ab([&](cudaStream_t st) { launch_prev_apply<T>(to(m, d0), st); },
-         [&](cudaStream_t st) { CK((launch_dw_apply<T, 8>(to(m, d1, k_dw_run), st))); }, x0, x1);
+         [&](cudaStream_t st) { BENCH_CHECK((launch_dw_apply<T, 8>(to(m, d1, k_dw_run), st))); }, x0, x1);
       ab([&](cudaStream_t st) { launch_prev_apply<T>(to(m, d0), st); },
-         [&](cudaStream_t st) { CK((launch_dw_apply<T, 8>(to(m, d2, 1), st))); }, x0b, x2);
-      CK(cudaDeviceSynchronize());
+         [&](cudaStream_t st) { BENCH_CHECK((launch_dw_apply<T, 8>(to(m, d2, 1), st))); }, x0b, x2);
+      BENCH_CHECK(cudaDeviceSynchronize());
       const auto Y0 = fetch<unsigned short>(y0, n), D0 = fetch<unsigned short>(d0, n);
       const bool ey1 = Y0 == fetch<unsigned short>(y1, n), ey2 = Y0 == fetch<unsigned short>(y2, n);
       const bool ed1 = D0 == fetch<unsigned short>(d1, n), ed2 = D0 == fetch<unsigned short>(d2, n);
@@ -290,7 +271,7 @@ int main() {
       for (void* q : {static_cast<void*>(x), static_cast<void*>(dy), static_cast<void*>(cp), static_cast<void*>(y0),
                       static_cast<void*>(y1), static_cast<void*>(y2), static_cast<void*>(d0), static_cast<void*>(d1),
                       static_cast<void*>(d2), static_cast<void*>(nbr), static_cast<void*>(w), static_cast<void*>(bias)})
-        CK(cudaFree(q));
+        BENCH_CHECK(cudaFree(q));
     }
   }
   std::printf("%s\n", all_equal ? "peg_run_ab: prev and new agree bit for bit" : "peg_run_ab: BITS DIFFER between prev and new");
