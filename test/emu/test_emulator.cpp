@@ -11,9 +11,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -289,37 +292,60 @@ TEST_CASE("emulator: launch configuration and shared-memory limits of sm_90") {
   (void)cudaGetLastError();
 }
 
+// Two input sets: small integers (every product and sum exact in fp32), and random bit patterns
+// over every finite value (subnormals, both zeros, the largest), where the sum of the exact
+// products is rounded once, as the emulator documents (cuda_emu_mma.cpp), in k order in double.
 TEST_CASE_TEMPLATE("emulator: ldmatrix (plain and .trans) + mma.sync m16n8k16 equal a matrix product", T, __half,
                    __nv_bfloat16) {
+  constexpr bool is_half = std::is_same<T, __half>::value;
   std::mt19937 rng(11);
-  std::uniform_int_distribution<int> small(-8, 8);  // small integers: every product and sum exact
-  std::vector<float> A(256), B(128);
-  for (auto& x : A) x = static_cast<float>(small(rng));
-  for (auto& x : B) x = static_cast<float>(small(rng));
+  std::uniform_int_distribution<int> small(-8, 8);
+  std::uniform_int_distribution<unsigned> bits(0, 0xffffu);
   auto to_t = [](float f) {
-    if constexpr (std::is_same<T, __half>::value) return __float2half_rn(f);
+    if constexpr (is_half) return __float2half_rn(f);
     else return __float2bfloat16_rn(f);
   };
-  std::vector<T> a(256), bt(128), b(128);
-  for (int i = 0; i < 256; ++i) a[static_cast<std::size_t>(i)] = to_t(A[static_cast<std::size_t>(i)]);
-  for (int k = 0; k < 16; ++k)
-    for (int n = 0; n < 8; ++n) {
-      b[static_cast<std::size_t>(k * 8 + n)] = to_t(B[static_cast<std::size_t>(k * 8 + n)]);
-      bt[static_cast<std::size_t>(n * 16 + k)] = to_t(B[static_cast<std::size_t>(k * 8 + n)]);
+  auto to_f = [](T x) {
+    if constexpr (is_half) return __half2float(x);
+    else return __bfloat162float(x);
+  };
+  auto random_finite = [&] {
+    for (;;) {
+      const auto u = static_cast<std::uint16_t>(bits(rng));
+      T x;
+      std::memcpy(static_cast<void*>(&x), &u, 2);
+      if (std::isfinite(to_f(x))) return x;
     }
-  dev<T> da(a), dbt(bt), db(b);
-  dev<float> c1(128), c2(128);
-  REQUIRE(gm_emu::launch(k_mma<T>, dim3(1), dim3(32), 512 * sizeof(T), nullptr, static_cast<const T*>(da.p),
-                         static_cast<const T*>(dbt.p), static_cast<const T*>(db.p), c1.p, c2.p) == cudaSuccess);
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  const auto r1 = c1.get(), r2 = c2.get();
-  for (int m = 0; m < 16; ++m)
-    for (int n = 0; n < 8; ++n) {
-      float want = 0.f;
-      for (int k = 0; k < 16; ++k) want += A[static_cast<std::size_t>(m * 16 + k)] * B[static_cast<std::size_t>(k * 8 + n)];
-      CHECK(r1[static_cast<std::size_t>(m * 8 + n)] == want);
-      CHECK(r2[static_cast<std::size_t>(m * 8 + n)] == want);
-    }
+  };
+  for (const bool random_bits : {false, true}) {
+    CAPTURE(random_bits);
+    std::vector<T> a(256), b(128), bt(128);
+    for (auto& x : a) x = random_bits ? random_finite() : to_t(static_cast<float>(small(rng)));
+    for (int k = 0; k < 16; ++k)
+      for (int n = 0; n < 8; ++n) {
+        const T x = random_bits ? random_finite() : to_t(static_cast<float>(small(rng)));
+        b[static_cast<std::size_t>(k * 8 + n)] = x;
+        bt[static_cast<std::size_t>(n * 16 + k)] = x;
+      }
+    dev<T> da(a), dbt(bt), db(b);
+    dev<float> c1(128), c2(128);
+    REQUIRE(gm_emu::launch(k_mma<T>, dim3(1), dim3(32), 512 * sizeof(T), nullptr, static_cast<const T*>(da.p),
+                           static_cast<const T*>(dbt.p), static_cast<const T*>(db.p), c1.p, c2.p) == cudaSuccess);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    const auto r1 = c1.get(), r2 = c2.get();
+    for (int m = 0; m < 16; ++m)
+      for (int n = 0; n < 8; ++n) {
+        double s = 0.0;
+        for (int k = 0; k < 16; ++k)
+          s += static_cast<double>(to_f(a[static_cast<std::size_t>(m * 16 + k)])) *
+               static_cast<double>(to_f(b[static_cast<std::size_t>(k * 8 + n)]));
+        const float want = static_cast<float>(s);
+        CAPTURE(m);
+        CAPTURE(n);
+        CHECK(std::memcmp(&r1[static_cast<std::size_t>(m * 8 + n)], &want, 4) == 0);
+        CHECK(std::memcmp(&r2[static_cast<std::size_t>(m * 8 + n)], &want, 4) == 0);
+      }
+  }
 }
 
 TEST_CASE("emulator: out-of-bounds global and shared accesses stop the program with a message") {
