@@ -15,11 +15,12 @@ namespace demo {
 
 //! Parses the flags after the subcommand. Throws `cli::usage_error` on a bad flag or geometry.
 inline options parse(int argc, char** argv, const cli::limits& lim = {}) {
-  cli::args a(argc, argv, cli::with_geometry_flags({"--batch", "--seed", "--model"}), {"--json"});
+  cli::args a(argc, argv, cli::with_geometry_flags({"--batch", "--seed", "--model", "--reps"}), {"--json"});
   options o;
   o.json = a.has("--json");
   if (a.has("--batch")) o.batch = static_cast<index_t>(cli::parse_int(a.get("--batch"), "--batch", 1, 64));
   if (a.has("--seed")) o.seed = cli::parse_seed(a.get("--seed"));
+  if (a.has("--reps")) o.reps = static_cast<int>(cli::parse_int(a.get("--reps"), "--reps", 1, 100));
   if (a.has("--model")) o.model = a.get("--model");
   o.mc = cli::parse_model(a, "swin-b", lim);
   if (o.mc.masking().num_keep() == 0) throw cli::usage_error("--ratio leaves no visible mask unit");
@@ -42,12 +43,13 @@ std::string demo_usage() {
          swin_model_names_wrapped(20) + "\n" + geometry_usage() +
          "  --batch N         images, 1..64 (default 8)\n"
          "  --seed N          mask and data seed (default 0)\n"
+         "  --reps N          timed runs of each attention, the fastest reported, 1..100 (default 3)\n"
          "  --json            one JSON object on one line\n"
          "  --help            this text\n";
 }
 
 
-//! `greenmim demo [--json] [--batch N (1..64, default 8)] [--seed S] [--model NAME] [--image PX]
+//! `greenmim demo [--json] [--batch N (1..64, default 8)] [--seed S] [--reps N] [--model NAME] [--image PX]
 //! [--patch PX] [--window P] [--mask-unit PX] [--ratio R]`: `argv` holds the arguments after the
 //! subcommand. Returns 0 when every check passes, 1 when a check fails or an internal error occurs
 //! (one line on stderr), 2 on a bad flag (one line on stderr, nothing on stdout). Runs in about a

@@ -20,6 +20,7 @@ struct options {
   bool json = false;
   index_t batch = 8;
   std::uint64_t seed = 0;
+  int reps = 3;  //!< timed runs of each attention (forward, backward); the fastest is reported
   std::string model = "swin-b";
   cli::model_choice mc;  //!< the validated model shape (geometry flags applied) and mask ratio
 };

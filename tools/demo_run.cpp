@@ -225,7 +225,7 @@ inline stage_result run_stage(const model_shape& m, int s, const std::vector<std
   const std::vector<std::uint8_t> full(unit_mask.size(), 1);
   check(visible_coords(span<const std::uint8_t>(full), unit_grid, res.grid, all), "visible_coords");
   res.visible = static_cast<index_t>(visible.size());
-  const int reps = 3;
+  const int reps = opt.reps;
   for (int blk = 0; blk < 2; ++blk) {
     const window_geometry g = m.geometry(s, blk == 1);
     res.window = g.window;
@@ -290,7 +290,7 @@ int run(const options& opt) {
   if (opt.json) {
     using cli::num;
     os << "{\"model\": \"" << m.name << "\", \"image\": " << m.image_size << ", \"patch\": " << m.patch_size
-       << ", \"mask_unit\": " << m.unit_size() << ", \"batch\": " << opt.batch << ", \"seed\": " << opt.seed
+       << ", \"mask_unit\": " << m.unit_size() << ", \"batch\": " << opt.batch << ", \"seed\": " << opt.seed << ", \"reps\": " << opt.reps
        << ", \"mask_ratio\": " << num(cfg.ratio) << ", \"precision\": \"float\", \"ok\": " << (ok ? "true" : "false")
        << ", \"stages\": [";
     for (size_t i = 0; i < stages.size(); ++i) {

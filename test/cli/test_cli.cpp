@@ -108,6 +108,7 @@ TEST_CASE("bad input: exit code 2, one line on stderr, nothing on stdout") {
       "simulate --seed -1",          "simulate --shift 7",          "simulate --ratio 1.5",
       "simulate --ratio 1",          "simulate --curve /nonexistent-dir/x.csv --masks 1",
       "simulate --batch 4",          "frobnicate",                  "plan --sizes",
+      "demo --reps 0",               "demo --reps 101",             "demo --reps two",
   };
   for (const char* args : bad) {
     const result r = run(args);

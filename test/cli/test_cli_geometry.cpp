@@ -97,6 +97,7 @@ TEST_CASE("an unknown flag exits 2 in one line naming the closest valid flag") {
   check_refused("plan --sizs 3", "(did you mean '--sizes'?)");
   check_refused("plan --jsn --sizes 3", "(did you mean '--json'?)");
   check_refused("demo --bach 2", "(did you mean '--batch'?)");
+  check_refused("demo --rep 2", "(did you mean '--reps'?)");
   check_refused("simulate --hepl", "(did you mean '--help'?)");
   check_refused("plan sizes 3", "unexpected argument 'sizes' (did you mean '--sizes'?)");
   check_refused("simulat", "unknown command 'simulat' (did you mean 'simulate'?)");
@@ -236,7 +237,9 @@ TEST_CASE("demo: SimMIM's 192/w6 and V2's window 16 run and pass their checks; t
     CHECK(st["cuda"].str == "accepted");
     CHECK(st["path"].str == "cpu reference");
   }
-  const result t = run("demo --batch 1 --model swinv2_base_window16_256");
+  CHECK(j["reps"].num == 3);
+  // one timed run (--reps 1): the CPU reference over all tokens at window 16 is slow under ASan
+  const result t = run("demo --batch 1 --reps 1 --model swinv2_base_window16_256");
   REQUIRE(t.code == 0);
   const auto count = [&](const std::string& needle) {
     std::size_t n = 0;
