@@ -64,9 +64,11 @@ class ArenaPlan:
         return type(self)(self.arena.to(device, non_blocking=non_blocking), self.layout)
 
     def mark_dynamic(self):
-        """Marks the slot axis of every partition dynamic for torch.compile (call it on each step's
-        plan, after :meth:`to`). With fixed group sizes (``group_size=-1``: each stage's window
-        area) that axis is the only thing masks change: one graph serves every mask."""
+        """Marks the slot axis of every partition, and the buffer they all view, dynamic for
+        torch.compile (call it on each step's plan, after :meth:`to`). With fixed group sizes
+        (``group_size=-1``: each stage's window area) those lengths are the only thing masks
+        change: one graph serves every mask."""
+        torch._dynamo.mark_dynamic(self.arena, 0)   # the buffer the views share: its length follows the groups
         for st in self.stages:
             for p in st.partitions:
                 for t in (p.gather, p.slot_window, p.slot_coord):

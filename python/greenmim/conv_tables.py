@@ -95,7 +95,11 @@ def mark_valid(table) -> None:
 def check_table_values(table) -> None:
     """Refuses a table with an entry outside [-1, N) or (block tables) an input in two blocks,
     once per table object: the builders' tables are valid by construction, and the kernels would
-    read a bad entry as zero rather than fail."""
+    read a bad entry as zero rather than fail. Not under torch.compile: dynamo would guard on this
+    cache's weak keys and recompile whenever a step's tables are freed (every step); the eager
+    call checks, and a compiled step's tables come from the builders or a plan."""
+    if torch.compiler.is_compiling():
+        return
     if table in _valid and _valid[table] == getattr(table, "reshape", None):
         return                          # checked, and its reshape claim has not changed since
     t = table.nbr if isinstance(table, NeighborTable) else table.gather
