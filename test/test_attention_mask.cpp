@@ -84,9 +84,9 @@ TEST_CASE("dense mask is block-diagonal: 0 iff both slots real and of one window
               std::vector<float> m(static_cast<size_t>(ng) * G * G, 123.f);
               REQUIRE(build_attention_mask<float>(pi, make_view(m.data(), ng, G, G), masked) == status::success);
               // Every entry against its expected value, which is symmetric in (i, j): so is the mask.
-              for (index_t g = 0; g < ng; ++g)
+              for (index_t g = 0; g < ng; ++g) {
+                const index_t* row_w = sw.data() + static_cast<size_t>(g) * G;
                 for (index_t i = 0; i < G; ++i) {
-                  const index_t* row_w = sw.data() + static_cast<size_t>(g) * G;
                   const float* row = m.data() + (static_cast<size_t>(g) * G + i) * G;
                   const index_t wi = row_w[i];
                   for (index_t j = 0; j < G; ++j) {
@@ -95,6 +95,7 @@ TEST_CASE("dense mask is block-diagonal: 0 iff both slots real and of one window
                     cross_pairs += !same_window;
                   }
                 }
+              }
               groups_seen += ng;
             }
             CHECK(bad == 0);
@@ -119,19 +120,19 @@ TEST_CASE("rel-pos index equals Swin's formula for pairs of one window, -1 elsew
             std::vector<index_t> idx(static_cast<size_t>(ng) * G * G, 12345);
             std::int64_t bad = 0;
             REQUIRE(build_rel_pos_index(pi, pe, make_view(idx.data(), ng, G, G)) == status::success);
-            // Every entry against Swin's formula, which mirrors (i, j) and (j, i) around the centre:
-            // so does the index (no transposed reads, which made this test memory-bound).
             const index_t center = (pe - 1) * (2 * pe - 1) + (pe - 1);
             for (index_t g = 0; g < ng; ++g)
               for (index_t i = 0; i < G; ++i)
                 for (index_t j = 0; j < G; ++j) {
                   const index_t ti = pi.gather[g * G + i], tj = pi.gather[g * G + j];
                   const index_t v = idx[(static_cast<size_t>(g) * G + i) * G + j];
+                  const index_t vt = idx[(static_cast<size_t>(g) * G + j) * G + i];
                   if (ti >= 0 && tj >= 0 && wot[ti] == wot[tj]) {
                     const index_t ci = gr.list.coords[ti], cj = gr.list.coords[tj];
                     const index_t dh = coord_h(ci) - coord_h(cj), dw = coord_w(ci) - coord_w(cj);
                     bad += v != (dh + pe - 1) * (2 * pe - 1) + (dw + pe - 1);
                     bad += v < 0 || v >= rows;
+                    bad += v + vt != 2 * center;  // (i, j) and (j, i) mirror around the centre
                     bad += (i == j) != (v == center);
                     ++in_window;
                   } else {
