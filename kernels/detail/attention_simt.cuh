@@ -19,6 +19,7 @@
 #include "attention_params.hpp"
 #include "device_common.cuh"
 #include "mask.cuh"
+#include "row_io.cuh"
 #include "softmax.cuh"
 #include "tile_stage.cuh"
 

@@ -1,7 +1,7 @@
 //! \file device_common.cuh
-//! Private device helpers of greenmim::kernels: element conversions, 16-element row loads and
-//! stores (16-byte vectorized when aligned), warp sums. Index math lives in
-//! include/greenmim/geometry.hpp; masks and bias in mask.cuh.
+//! Private device helpers of greenmim::kernels: element conversions, shared-memory float rows,
+//! warp sums. Global-memory row loads and stores are in row_io.cuh, inline PTX in ptx.cuh and
+//! mma_ptx.cuh. Index math lives in include/greenmim/geometry.hpp; masks and bias in mask.cuh.
 #pragma once
 
 #if defined(GREENMIM_CUDA_EMULATION)
@@ -64,89 +64,6 @@ struct elem16 {
     else return __floats2bfloat162_rn(lo, hi);
   }
 };
-
-// ---- 16-element row segments ------------------------------------------------------------------
-// load_seg / store_seg move E = 16 consecutive elements between global memory and a float array.
-// `vec` (warp-uniform in practice) says the segment start is 16-byte aligned: then 16-byte
-// accesses are used, else element accesses. Inputs are read through the read-only path.
-
-template <class T>
-struct seg_io;
-
-template <>
-struct seg_io<float> {
-  __device__ __forceinline__ static void load(const float* p, bool vec, float (&x)[16]) {
-    if (vec) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float4 v = __ldg(reinterpret_cast<const float4*>(p) + i);
-        x[4 * i] = v.x; x[4 * i + 1] = v.y; x[4 * i + 2] = v.z; x[4 * i + 3] = v.w;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) x[i] = __ldg(p + i);
-    }
-  }
-  __device__ __forceinline__ static void store(float* p, bool vec, const float (&x)[16]) {
-    if (vec) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        reinterpret_cast<float4*>(p)[i] = make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) p[i] = x[i];
-    }
-  }
-};
-
-// 16 half-precision elements = 32 bytes = two uint4.
-template <class T>
-struct seg_io_16bit {
-  using T2 = typename elem16<T>::pair;
-  __device__ __forceinline__ static float2 to_f2(T2 v) { return elem16<T>::to_floats(v); }
-  __device__ __forceinline__ static void load(const T* p, bool vec, float (&x)[16]) {
-    if (vec) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + i);
-        const unsigned w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          T2 t;
-          memcpy(static_cast<void*>(&t), &w[k], sizeof(t));
-          const float2 f = to_f2(t);
-          x[8 * i + 2 * k] = f.x;
-          x[8 * i + 2 * k + 1] = f.y;
-        }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) x[i] = to_float(p[i]);
-    }
-  }
-  __device__ __forceinline__ static void store(T* p, bool vec, const float (&x)[16]) {
-    if (vec) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        unsigned w[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const T2 t = elem16<T>::from_floats(x[8 * i + 2 * k], x[8 * i + 2 * k + 1]);
-          memcpy(&w[k], &t, sizeof(t));
-        }
-        reinterpret_cast<uint4*>(p)[i] = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) p[i] = from_float<T>(x[i]);
-    }
-  }
-};
-
-template <>
-struct seg_io<__half> : seg_io_16bit<__half> {};
-template <>
-struct seg_io<__nv_bfloat16> : seg_io_16bit<__nv_bfloat16> {};
 
 // ---- shared-memory float rows (16-byte aligned: row stride a multiple of 4 floats) ----------------
 __device__ __forceinline__ void smem_load16(const float* p, float (&x)[16]) {
