@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Dict, Iterable, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -19,11 +19,18 @@ from . import _lib
 Range = Tuple[int, int]   # (offset, size) in int32 entries
 
 
-def arena_views(arena: Tensor, ranges: Iterable[Range]) -> Dict[Range, Tensor]:
-    """Every non-empty range of the arena as a view, from one ``split`` (ranges tile the arena
-    in order; empty ones map to nothing: look them up with ``.get(r, arena[:0])``)."""
+def arena_views(arena: Tensor, ranges: Iterable[Range]) -> Callable[[Range], Tensor]:
+    """``view(r)``: range ``r`` of the arena as a view (an empty range: an empty one). Eagerly all
+    non-empty ranges come from one ``split`` (ranges tile the arena in order). Under torch.compile
+    each is a slice: a plan passed straight into a compiled model has its views made inside the
+    graph, where dynamo makes the layout's sizes symbolic from the second plan on and cannot sort
+    them ("sort with non-constant keys")."""
+    if torch.compiler.is_compiling():
+        return lambda r: arena.narrow(0, r[0], r[1])
     rs = sorted({r for r in ranges if r[1] > 0})
-    return dict(zip(rs, arena.split([r[1] for r in rs]))) if rs else {}
+    chunks = dict(zip(rs, arena.split([r[1] for r in rs]))) if rs else {}
+    empty = arena[:0]
+    return lambda r: chunks.get(r, empty)
 
 
 class ArenaPlan:
@@ -125,11 +132,11 @@ class ArenaPlan:
                 for r, fill in ((g, -1), (sw, -1), (co, 0)):
                     grow[r] = (n * p[0], fill)
         ranges = sorted({r for r in self._ranges(self.layout) if r[1] > 0})
-        chunks = arena_views(self.arena, ranges)
+        view = arena_views(self.arena, ranges)
         pieces, moved, at = [], {}, 0
         for r in ranges:
             size, fill = grow.get(r, (r[1], 0))
-            pieces.append(chunks[r])
+            pieces.append(view(r))
             if size > r[1]:
                 pieces.append(torch.full((size - r[1],), fill, dtype=self.arena.dtype, device=self.arena.device))
             moved[r] = (at, size)

@@ -112,10 +112,7 @@ class MaskPlan(ArenaPlan):
     def _build_stages(self) -> List["StagePlan"]:
         arena, layout = self.arena, self.layout
         per_sample, num_masks, patch_grid, build_us, stages = layout
-        # every array of the arena, in arena order: one split makes all the views
-        chunks = arena_views(arena, self._ranges(layout))
-        empty = arena[:0]
-        view = lambda r: chunks.get(r, empty)
+        view = arena_views(arena, self._ranges(layout))    # every array of the arena, in arena order
         out: List[StagePlan] = []
         for (H, W, N, parts, position, merge, cu, rank) in stages:
             made = []

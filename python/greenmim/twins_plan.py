@@ -105,9 +105,7 @@ class TwinsPlan(ArenaPlan):
     def _build_stages(self) -> List["TwinsStagePlan"]:
         arena, layout = self.arena, self.layout
         per_sample, num_masks, patch_grid, build_us, stages = layout
-        chunks = arena_views(arena, self._ranges(layout))
-        empty = arena[:0]
-        view = lambda r: chunks.get(r, empty)
+        view = arena_views(arena, self._ranges(layout))    # every array of the arena, in arena order
         out: List[TwinsStagePlan] = []
         for (H, W, N, K, max_n, max_k, uniform, key_holes, embed_holes, lsa, ranges, sr, reshape) in stages:
             G, ng, nw, win, sh, exhausted, cost, lb, us, arrays = lsa

@@ -122,6 +122,37 @@ def test_nan_does_not_cross_windows(algo):
     assert torch.isfinite(o[:, tw != victim]).all()
 
 
+@pytest.mark.parametrize("batch", [None, 3])
+def test_nan_does_not_cross_windows_in_the_backward(batch):
+    """A NaN in one window's output gradient, or in its q, k or v at the next attention (whose
+    NaN output then flows back), stays in that window's dq, dk, dv, as on the reference: neither
+    another window of its group nor, per sample, another sample gets a NaN."""
+    part, q, k, v, bias = _case(grid=14, unit=2, shift=3, batch=batch)
+    tw = part.token_window
+    inside = tw == int(tw[part.gather[0]])          # the window of group 0's first slot
+    for packed in (False, True):
+        for algo in ("auto", "reference"):
+            qkv = torch.stack([q, k, v], 2).requires_grad_()
+            b = bias.clone().requires_grad_()
+            if packed:
+                o = greenmim.group_window_attention_packed(qkv, b, part, algo=algo)
+            else:
+                o = greenmim.group_window_attention(*qkv.unbind(2), b, part, algo=algo)
+            g = torch.randn_like(o)
+            g[:, inside] = float("nan")
+            (dqkv,) = torch.autograd.grad(o, qkv, g)
+            assert torch.isnan(dqkv[:, inside]).any(), (packed, algo)
+            assert torch.isfinite(dqkv[:, ~inside]).all(), (packed, algo)
+    for which in range(3):                          # the NaN born in the next attention's q, k or v
+        qkv = torch.stack([q, k, v], 2).requires_grad_()
+        h = greenmim.group_window_attention_packed(qkv, bias, part)
+        nxt = torch.stack([h, h, h], 2).clone()
+        nxt[:, inside, which] = float("nan")
+        o = greenmim.group_window_attention_packed(nxt, bias, part)
+        (dqkv,) = torch.autograd.grad(o[:, ~inside].sum(), qkv)
+        assert torch.isfinite(dqkv[:, ~inside]).all(), which
+
+
 @pytest.mark.parametrize("algo", ["auto", "reference"])
 def test_float32_on_cpu(algo):
     part, q, k, v, bias = _case(dtype=torch.float32)
