@@ -225,9 +225,9 @@ def resolve_decode(choice: str, device: torch.device) -> str:
 class GpuDecoder:
     """``decoder(encoded) -> uint8 [B, 3, size, size]`` on ``device``: decodes an ``EncodedBatch``
     (batched nvJPEG), then crops, resizes and flips it (``crop_resize``). A JPEG the device cannot
-    decode is decoded on the CPU instead (``fallbacks`` counts them, one warning each); one that
-    no decoder reads (it passed the worker's header check only) becomes a grey image, counted in
-    ``failures`` with a warning naming it. ``device`` may be the CPU (the tests): then libjpeg-turbo
+    decode is decoded on the CPU instead (``fallbacks`` counts those images, one warning per file);
+    one that no decoder reads (it passed only the worker's header check) becomes a grey image,
+    counted in ``failures``, with one warning per file. ``device`` may be the CPU (the tests): then libjpeg-turbo
     decodes and the same arithmetic crops."""
 
     def __init__(self, device, size: int):
@@ -276,9 +276,10 @@ class GpuDecoder:
             if img is not None and tuple(img.shape) == (3, *shape):
                 out.append(img)
                 continue
-            self.fallbacks += 1
-            self._warn(name, f"not decoded on {self.device}; decoded on the CPU instead")
             img = self._decode_cpu(buf, name)
+            if img is not None:
+                self.fallbacks += 1
+                self._warn(name, f"not decoded on {self.device}; decoded on the CPU instead")
             if img is not None and tuple(img.shape) != (3, *shape):
                 self.failures += 1
                 self._warn(name, f"decoded as {tuple(img.shape)}, the header said {shape}; a grey image stands in")
