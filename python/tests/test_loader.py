@@ -334,3 +334,23 @@ def test_make_jpegs(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert mk.main([str(tmp_path / "file")]) == 2
     assert len(sorted((out / "train").rglob("*.JPEG"))) == 24          # nothing written by the refusals
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the nvJPEG decode is unverified here")
+def test_gpu_decoder_on_cuda_matches_the_cpu_path():
+    """On a CUDA device: ``resolve_decode("auto")`` picks "gpu", and the decoder's crops are close
+    to the CPU path's under the same draws. nvJPEG's IDCT and chroma upsampling are not
+    libjpeg-turbo's, so the decoded pixels themselves may differ by a few levels; the bound
+    (mean |difference| under 1.5 levels) has not yet met a device."""
+    dev = torch.device("cuda")
+    assert decode.resolve_decode("auto", dev) == "gpu"
+    bufs = [_jpeg(_photo(n)) for n in PHOTOS] + [_jpeg(Image.fromarray(_photo("astronaut")).convert("L"))]
+    g = torch.Generator().manual_seed(0)
+    enc = decode.encode_batch([decode.plan_one(b, g, 224) for b in bufs], [str(k) for k in range(len(bufs))], 224)
+    dec = decode.GpuDecoder(dev, 224)
+    got = dec(enc)
+    assert got.device.type == "cuda" and got.shape == (len(bufs), 3, 224, 224) and dec.fallbacks == 0
+    g = torch.Generator().manual_seed(0)
+    ref = torch.stack([crops.crop_one(b, g, 224, dct=False) for b in bufs])
+    d = (got.cpu().int() - ref.int()).abs().float()
+    assert d.mean() < 1.5, float(d.mean())

@@ -297,14 +297,14 @@ class GpuDecoder:
         out = torch.empty(B, 3, S, S, dtype=torch.uint8, device=self.device)
         if todo:
             # fp32 products, not TF32: the weights need more than TF32's 10 mantissa bits for
-            # results within one level of the CPU path
-            keep = torch.backends.cuda.matmul.allow_tf32
-            torch.backends.cuda.matmul.allow_tf32 = False
+            # results within a level of the CPU path (the global setting is put back after)
+            keep = torch.get_float32_matmul_precision()
+            torch.set_float32_matmul_precision("highest")
             try:
                 sel = torch.tensor(todo, dtype=torch.int64)
                 out[sel.to(self.device)] = crop_resize(imgs, enc.boxes[sel], enc.flips[sel], S)
             finally:
-                torch.backends.cuda.matmul.allow_tf32 = keep
+                torch.set_float32_matmul_precision(keep)
         if ready:
             out[enc.ready_index.to(self.device)] = enc.ready.to(self.device, non_blocking=True)
         return out
