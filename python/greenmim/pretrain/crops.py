@@ -17,6 +17,7 @@ it skips most of the decode. Files that are not JPEGs (PNG, ...) or that libjpeg
 """
 from __future__ import annotations
 
+import functools
 import io
 import math
 from typing import Optional, Tuple
@@ -38,10 +39,11 @@ def draw_crop(g: torch.Generator, height: int, width: int, scale=SCALE, ratio=RA
     uniform in ``scale`` and a log-uniform aspect ratio in ``ratio``, a uniform position, else the
     central crop clamped to ``ratio``."""
     area = height * width
-    log_ratio = torch.log(torch.tensor(ratio))
+    lo, hi = _log_ratio(tuple(ratio))
+    u = torch.empty(1)
     for _ in range(10):
-        target_area = area * torch.empty(1).uniform_(scale[0], scale[1], generator=g).item()
-        aspect_ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1], generator=g)).item()
+        target_area = area * u.uniform_(scale[0], scale[1], generator=g).item()
+        aspect_ratio = u.uniform_(lo, hi, generator=g).exp_().item()         # float32 exp, as torch.exp
         w = int(round(math.sqrt(target_area * aspect_ratio)))
         h = int(round(math.sqrt(target_area / aspect_ratio)))
         if 0 < w <= width and 0 < h <= height:
@@ -56,6 +58,13 @@ def draw_crop(g: torch.Generator, height: int, width: int, scale=SCALE, ratio=RA
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w
+
+
+@functools.lru_cache(maxsize=8)
+def _log_ratio(ratio: tuple) -> Tuple[float, float]:
+    """torchvision's ``torch.log(torch.tensor(ratio))`` (float32), as exact Python floats."""
+    r = torch.log(torch.tensor(ratio))
+    return float(r[0]), float(r[1])
 
 
 def draw_flip(g: torch.Generator) -> bool:
