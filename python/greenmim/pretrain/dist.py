@@ -42,9 +42,24 @@ def setup(device_arg, fsdp: bool) -> Context:
     else:
         device = torch.device(want)
     if world > 1 and not torch_dist.is_initialized():
-        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                      timeout=datetime.timedelta(minutes=30))
+        timeout = datetime.timedelta(minutes=30)
+        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout,
+                                      **_attempt_store(rank, world, timeout))
     return Context(rank, world, local, device, fsdp)
+
+
+def _attempt_store(rank: int, world: int, timeout) -> dict:
+    """torchrun shares its rendezvous TCPStore with the workers, and keeps the same store across
+    ``--max_restarts`` restarts (torch 2.11): the restarted workers then read the first attempt's
+    gloo and NCCL addresses and fail to connect (pytorch/pytorch#135712, the
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 workaround). The keys of each attempt go under a prefix
+    of their own instead: the store torch's env:// would open, under ``greenmim/attempt_<n>``."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return {}
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    store = torch_dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                                timeout=timeout)
+    return {"store": torch_dist.PrefixStore(f"greenmim/attempt_{attempt}", store), "rank": rank, "world_size": world}
 
 
 def teardown(ctx: Context) -> None:
