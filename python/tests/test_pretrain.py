@@ -456,7 +456,7 @@ def test_ctrl_c_names_the_checkpoint_that_resumes(tmp_path, monkeypatch, capfd, 
     exist."""
     from greenmim.pretrain import cli, engine
 
-    def interrupted(args, ctx):
+    def interrupted(args, ctx, resume=None):
         if saved == "two":   # written out of order: the later file has fewer steps
             torch.save({"step": 9, "model": {}}, tmp_path / "checkpoint-1.pth")
             torch.save({"step": 4, "model": {}}, tmp_path / "checkpoint-0-step4.pth")
