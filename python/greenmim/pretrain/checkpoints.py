@@ -166,6 +166,13 @@ class Resume:
         return int(self.obj["step"]) if self.obj is not None else 0
 
 
+def _step_of(path: str) -> int:
+    try:
+        return int(probe(path)["step"])
+    except (CheckpointError, ValueError, TypeError):
+        return -1
+
+
 def restart_count() -> int:
     try:
         return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
@@ -189,7 +196,7 @@ def preflight(args, main: bool, say: Callable[[str], None] = None) -> Resume:
     if restarts > 0 and out:                         # torchrun --max_restarts: continue where the workers died
         path, obj = newest_valid(out, warn)
         given = args.resume not in ("", "auto")
-        if path is not None and (not given or int(obj["step"]) >= int(probe(args.resume)["step"])):
+        if path is not None and (not given or int(obj["step"]) >= _step_of(args.resume)):
             return _nothing_left(args, Resume(path, obj, f"elastic restart {restarts}: resuming from the newest "
                                                           f"checkpoint"))
         if not given:
