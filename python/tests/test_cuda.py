@@ -209,7 +209,7 @@ def test_pretrain_cuda_graphs_replays_and_tracks_eager(tmp_path, per_sample):
         argv = ["--model", "green_mim_swin_nano_patch4_dec128b1", "--batch_size", "8", "--epochs", "2",
                 "--warmup_epochs", "1", "--lr", "1e-3", "--max_steps", "8", "--num_workers", "1", "--amp", "off",
                 "--vis_freq", "100", "--save_freq", "100", "--output_dir", str(tmp_path / mode), "--device", "cuda"]
-        argv += ["--per_sample_masks"] * per_sample + ["--cuda_graphs"] * (mode == "graphs")
+        argv += ["--per_sample_masks"] * per_sample + (["--cuda_graphs"] if mode == "graphs" else ["--eager"])
         args = pargs.parser().parse_args(argv)
         pargs.validate(args)
         ctx = dist.setup(args.device, args.fsdp)
