@@ -269,6 +269,49 @@ def test_elastic_restart_after_a_worker_is_killed_resumes_and_finishes(tmp_path)
     assert saved["checkpoint-0-step5.pth"] == 5
 
 
+def _rank_pid(agent: int, rank: int):
+    """The pid of torchrun worker ``rank`` (a child of the agent whose environment says RANK=rank)."""
+    try:
+        kids = open(f"/proc/{agent}/task/{agent}/children").read().split()
+    except OSError:
+        return None
+    for pid in kids:
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
+    """SIGTERM to rank 1 alone: the flag travels with the losses' all-reduce, so rank 0 stops after
+    the same step, and the checkpoint of that step is written (by rank 0) and reads back."""
+    out = tmp_path / "o"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+           "greenmim.pretrain", *_quick(out, "--batch_size", "2", "--max_steps", "200")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if "step 3/" in line:
+                break
+        pid = _rank_pid(proc.pid, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+        stdout, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    saved = _all_checkpoints_read_back_finite(out)
+    assert len(saved) == 1, (saved, err[-3000:])
+    (name, step), = saved.items()
+    assert f"greenmim.pretrain: SIGTERM: stopped after step {step}; saved {out / name}" in err, err[-3000:]
+    assert [r["step"] for r in _steps(out)] == list(range(1, step + 1))
+    assert [r for r in _rows(out) if r.get("event") == "stopped"][0]["code"] == 143
+
+
 def test_cpu_threads_are_shared_among_processes_and_workers(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
