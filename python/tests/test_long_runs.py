@@ -10,7 +10,7 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 import torch
@@ -55,6 +55,15 @@ def _all_checkpoints_read_back_finite(out):
     return found
 
 
+def _watchdog(proc, seconds=240):
+    """Kills ``proc``'s process group after ``seconds``: reading its output line by line has no
+    timeout of its own, and a hung run must fail the test, not hang CI."""
+    t = threading.Timer(seconds, lambda: proc.poll() is None and os.killpg(proc.pid, signal.SIGKILL))
+    t.daemon = True
+    t.start()
+    return t
+
+
 def _one_line(capfd, code, rc, expect):
     err = capfd.readouterr().err
     lines = [l for l in err.splitlines() if l.strip()]
@@ -85,6 +94,7 @@ def test_a_signal_to_the_process_group_saves_the_step_and_resume_is_bitwise(tmp_
                              *_quick(out, "--max_steps", "60", "--num_workers", "1", "--per_sample_masks")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
                             start_new_session=True)
+    dog = _watchdog(proc)
     try:
         for line in proc.stdout:                      # training under way, the worker running
             if "step 3/" in line:
@@ -92,6 +102,7 @@ def test_a_signal_to_the_process_group_saves_the_step_and_resume_is_bitwise(tmp_
         os.killpg(proc.pid, signum)
         stdout, err = proc.communicate(timeout=120)
     finally:
+        dog.cancel()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 128 + signum, err[-3000:]
@@ -293,6 +304,7 @@ def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_after_the_same_ste
            "greenmim.pretrain", *_quick(out, "--batch_size", "2", "--max_steps", "200")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
                             start_new_session=True)
+    dog = _watchdog(proc)
     try:
         for line in proc.stdout:
             if "step 3/" in line:
@@ -302,6 +314,7 @@ def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_after_the_same_ste
         os.kill(pid, signal.SIGTERM)
         stdout, err = proc.communicate(timeout=120)
     finally:
+        dog.cancel()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     saved = _all_checkpoints_read_back_finite(out)
