@@ -259,10 +259,12 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_the_run_after_k(tmp_path, 
     assert not dist.all_finite(model, ctx)
 
 
-def test_elastic_restart_after_a_worker_is_killed_resumes_and_finishes(tmp_path):
+def test_elastic_restart_after_a_worker_is_killed_resumes_and_finishes(tmp_path, torchrun_stopped_by_one_rank):
     """torchrun --max_restarts 1 on gloo: rank 1 is killed with SIGKILL after step 3 (a test hook:
     the step is then known), the workers restart, resume from the newest checkpoint (step 2)
-    without --resume, and finish; the log holds each step once."""
+    without --resume, and finish; the log holds each step once, and its losses equal, bitwise,
+    those of the same two-rank run that was not interrupted before step 3 (the run of
+    torchrun_stopped_by_one_rank, which differs only in --max_steps)."""
     out = tmp_path / "o"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max_restarts=1",
            "-m", "greenmim.pretrain", *_quick(out, "--batch_size", "2", "--max_steps", "5", "--save_every_steps", "2",
@@ -278,6 +280,10 @@ def test_elastic_restart_after_a_worker_is_killed_resumes_and_finishes(tmp_path)
     assert len(resumed) == 1 and resumed[0]["at_step"] == 2 and resumed[0]["path"].endswith("checkpoint-0-step2.pth")
     saved = _all_checkpoints_read_back_finite(out)
     assert saved["checkpoint-0-step5.pth"] == 5
+    reference = [r["loss"] for r in _steps(torchrun_stopped_by_one_rank[0])]
+    assert len(reference) >= 3
+    n = min(len(reference), 5)
+    assert [r["loss"] for r in rows][:n] == reference[:n]               # step 3 redone bitwise
 
 
 def _rank_pid(agent: int, rank: int):
@@ -296,12 +302,12 @@ def _rank_pid(agent: int, rank: int):
     return None
 
 
-def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_after_the_same_step(tmp_path):
-    """SIGTERM to rank 1 alone: the flag travels with the losses' all-reduce, so rank 0 stops after
-    the same step, and the checkpoint of that step is written (by rank 0) and reads back."""
-    out = tmp_path / "o"
+@pytest.fixture(scope="module")
+def torchrun_stopped_by_one_rank(tmp_path_factory):
+    """Two ranks under torchrun; SIGTERM to rank 1 alone after step 3. Returns (output_dir, stderr)."""
+    out = tmp_path_factory.mktemp("one_rank") / "o"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
-           "greenmim.pretrain", *_quick(out, "--batch_size", "2", "--max_steps", "200")]
+           "greenmim.pretrain", *_quick(out, "--batch_size", "2", "--max_steps", "200", "--per_sample_masks")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
                             start_new_session=True)
     dog = _watchdog(proc)
@@ -317,6 +323,13 @@ def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_after_the_same_ste
         dog.cancel()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    return out, err
+
+
+def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_after_the_same_step(torchrun_stopped_by_one_rank):
+    """SIGTERM to rank 1 alone: the flag travels with the losses' all-reduce, so rank 0 stops after
+    the same step, and the checkpoint of that step is written (by rank 0) and reads back."""
+    out, err = torchrun_stopped_by_one_rank
     saved = _all_checkpoints_read_back_finite(out)
     assert len(saved) == 1, (saved, err[-3000:])
     (name, step), = saved.items()
