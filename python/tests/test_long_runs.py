@@ -10,7 +10,7 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 import torch
@@ -55,6 +55,15 @@ def _all_checkpoints_read_back_finite(out):
     return found
 
 
+def _watchdog(proc, seconds=240):
+    """Kills ``proc``'s process group after ``seconds``: reading its output line by line has no
+    timeout of its own, and a hung run must fail the test, not hang CI."""
+    t = threading.Timer(seconds, lambda: proc.poll() is None and os.killpg(proc.pid, signal.SIGKILL))
+    t.daemon = True
+    t.start()
+    return t
+
+
 def _one_line(capfd, code, rc, expect):
     err = capfd.readouterr().err
     lines = [l for l in err.splitlines() if l.strip()]
@@ -85,6 +94,7 @@ def test_a_signal_to_the_process_group_saves_the_step_and_resume_is_bitwise(tmp_
                              *_quick(out, "--max_steps", "60", "--num_workers", "1", "--per_sample_masks")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
                             start_new_session=True)
+    dog = _watchdog(proc)
     try:
         for line in proc.stdout:                      # training under way, the worker running
             if "step 3/" in line:
@@ -92,6 +102,7 @@ def test_a_signal_to_the_process_group_saves_the_step_and_resume_is_bitwise(tmp_
         os.killpg(proc.pid, signum)
         stdout, err = proc.communicate(timeout=120)
     finally:
+        dog.cancel()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 128 + signum, err[-3000:]
@@ -185,12 +196,8 @@ def test_every_flag_in_help_shows_its_default():
     p = pargs.parser()
     fmt = p._get_formatter()
     for action in p._actions:
-        if not action.option_strings or action.dest == "help" or action.help == "ignored":
-            continue
-        text = fmt._get_help_string(action) or ""
-        if action.default is False or action.const is not None or action.nargs == 0:
-            continue                                                    # switches: off unless given
-        assert "default" in text, (action.option_strings, text)
+        if action.dest != "help":
+            assert "default" in (fmt._get_help_string(action) or ""), action.option_strings
 
 
 def test_torn_newest_and_stale_temporary_checkpoints(tmp_path, capfd):
@@ -252,10 +259,12 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_the_run_after_k(tmp_path, 
     assert not dist.all_finite(model, ctx)
 
 
-def test_elastic_restart_after_a_worker_is_killed_resumes_and_finishes(tmp_path):
+def test_elastic_restart_after_a_worker_is_killed_resumes_and_finishes(tmp_path, torchrun_stopped_by_one_rank):
     """torchrun --max_restarts 1 on gloo: rank 1 is killed with SIGKILL after step 3 (a test hook:
     the step is then known), the workers restart, resume from the newest checkpoint (step 2)
-    without --resume, and finish; the log holds each step once."""
+    without --resume, and finish; the log holds each step once, and its losses equal, bitwise,
+    those of the same two-rank run that was not interrupted before step 3 (the run of
+    torchrun_stopped_by_one_rank, which differs only in --max_steps)."""
     out = tmp_path / "o"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max_restarts=1",
            "-m", "greenmim.pretrain", *_quick(out, "--batch_size", "2", "--max_steps", "5", "--save_every_steps", "2",
@@ -271,6 +280,62 @@ def test_elastic_restart_after_a_worker_is_killed_resumes_and_finishes(tmp_path)
     assert len(resumed) == 1 and resumed[0]["at_step"] == 2 and resumed[0]["path"].endswith("checkpoint-0-step2.pth")
     saved = _all_checkpoints_read_back_finite(out)
     assert saved["checkpoint-0-step5.pth"] == 5
+    reference = [r["loss"] for r in _steps(torchrun_stopped_by_one_rank[0])]
+    assert len(reference) >= 3
+    n = min(len(reference), 5)
+    assert [r["loss"] for r in rows][:n] == reference[:n]               # step 3 redone bitwise
+
+
+def _rank_pid(agent: int, rank: int):
+    """The pid of torchrun worker ``rank`` (a child of the agent whose environment says RANK=rank)."""
+    try:
+        kids = open(f"/proc/{agent}/task/{agent}/children").read().split()
+    except OSError:
+        return None
+    for pid in kids:
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+@pytest.fixture(scope="module")
+def torchrun_stopped_by_one_rank(tmp_path_factory):
+    """Two ranks under torchrun; SIGTERM to rank 1 alone after step 3. Returns (output_dir, stderr)."""
+    out = tmp_path_factory.mktemp("one_rank") / "o"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+           "greenmim.pretrain", *_quick(out, "--batch_size", "2", "--max_steps", "200", "--per_sample_masks")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            start_new_session=True)
+    dog = _watchdog(proc)
+    try:
+        for line in proc.stdout:
+            if "step 3/" in line:
+                break
+        pid = _rank_pid(proc.pid, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+        stdout, err = proc.communicate(timeout=120)
+    finally:
+        dog.cancel()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return out, err
+
+
+def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_after_the_same_step(torchrun_stopped_by_one_rank):
+    """SIGTERM to rank 1 alone: the flag travels with the losses' all-reduce, so rank 0 stops after
+    the same step, and the checkpoint of that step is written (by rank 0) and reads back."""
+    out, err = torchrun_stopped_by_one_rank
+    saved = _all_checkpoints_read_back_finite(out)
+    assert len(saved) == 1, (saved, err[-3000:])
+    (name, step), = saved.items()
+    assert f"greenmim.pretrain: SIGTERM: stopped after step {step}; saved {out / name}" in err, err[-3000:]
+    assert [r["step"] for r in _steps(out)] == list(range(1, step + 1))
+    assert [r for r in _rows(out) if r.get("event") == "stopped"][0]["code"] == 143
 
 
 def test_cpu_threads_are_shared_among_processes_and_workers(monkeypatch):

@@ -131,7 +131,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--print_freq", default=20, type=int, help="log a line every N steps when not on a terminal")
     g.add_argument("--resume", default="",
                    help="a checkpoint to continue, or 'auto': the newest readable one in output_dir (torchrun's "
-                        "elastic restarts use auto by themselves)")
+                        "elastic restarts use auto by themselves) (default: none, a fresh run)")
     g.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     g = p.add_argument_group("accepted for the released scripts (torchrun sets these through the environment)")
     g.add_argument("--start_epoch", default=0, type=int, help="ignored: resume restores the epoch")
