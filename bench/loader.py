@@ -33,7 +33,7 @@ import time
 import torch
 
 from greenmim import indices, mim
-from greenmim.pretrain import crops, data, decode
+from greenmim.pretrain import crops, data
 
 
 def _masks_and_plan(ds, batch, g, t):
@@ -153,8 +153,9 @@ def main(argv=None) -> int:
     ds_gpu = data.MicroBatches(images, S, geometry, a.mask_ratio, a.per_sample_masks, 0, decode="gpu")
     transform = data.train_crops(S)
     masks = "per-sample masks" if a.per_sample_masks else "one mask per micro-batch"
-    print(f"== loader: {a.model}, {S} px, batch {a.batch}, {masks}"
-          f"{', plans padded (--cuda_graphs)' if a.cuda_graphs else ''}, {images.describe()}, torch {torch.__version__}")
+    padded = ", plans padded (--cuda_graphs)" if a.cuda_graphs else ""
+    print(f"== loader: {a.model}, {S} px, batch {a.batch}, {masks}{padded}, {images.describe()}, "
+          f"torch {torch.__version__}")
     n = len(images)
     for r in range(min(2, a.reps)):                # warm-up (page cache, first calls), untimed
         idx = [(r * a.batch + i) % n for i in range(a.batch)]

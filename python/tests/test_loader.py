@@ -34,7 +34,8 @@ def _photo(name):
 
 def _ks(a, b) -> float:
     """Two-sample Kolmogorov-Smirnov statistic."""
-    a, b = torch.sort(torch.as_tensor(a, dtype=torch.float64))[0], torch.sort(torch.as_tensor(b, dtype=torch.float64))[0]
+    a = torch.sort(torch.as_tensor(a, dtype=torch.float64))[0]
+    b = torch.sort(torch.as_tensor(b, dtype=torch.float64))[0]
     x = torch.cat([a, b])
     fa = torch.searchsorted(a, x, right=True).double() / len(a)
     fb = torch.searchsorted(b, x, right=True).double() / len(b)
@@ -282,7 +283,8 @@ def test_gpu_decoder_falls_back_to_the_cpu_and_counts(tmp_path, capfd, monkeypat
 def test_resolve_decode():
     assert decode.resolve_decode("cpu", torch.device("cpu")) == "cpu"
     assert decode.resolve_decode("auto", torch.device("cpu")) == "cpu"
-    with pytest.raises(data.DataError, match=r"^--decode gpu: the step runs on cpu, not on a CUDA device; use --decode cpu"):
+    with pytest.raises(data.DataError,
+                       match=r"^--decode gpu: the step runs on cpu, not on a CUDA device; use --decode cpu"):
         decode.resolve_decode("gpu", torch.device("cpu"))
     with pytest.raises(data.DataError, match="choose one of auto, cpu, gpu"):
         decode.resolve_decode("nvjpeg", torch.device("cpu"))

@@ -68,27 +68,18 @@ def plan_one(raw, g: torch.Generator, size: int):
 
 def encode_batch(items: Sequence[tuple], names: Sequence[str], size: int) -> EncodedBatch:
     """``plan_one``'s results for a micro-batch -> one ``EncodedBatch``."""
-    B = len(items)
-    lengths = [len(it[1]) if it[0] == "jpeg" else 0 for it in items]
-    offsets = torch.zeros(B + 1, dtype=torch.int64)
-    offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
-    data = torch.empty(int(offsets[-1]), dtype=torch.uint8)
-    shapes = torch.zeros(B, 2, dtype=torch.int64)
-    boxes = torch.zeros(B, 4, dtype=torch.int64)
-    flips = torch.zeros(B, dtype=torch.bool)
-    ready_index, ready = [], []
-    for b, it in enumerate(items):
-        if it[0] == "jpeg":
-            data[offsets[b]:offsets[b + 1]] = torch.frombuffer(it[1], dtype=torch.uint8)
-            shapes[b] = torch.tensor(it[2])
-            boxes[b] = torch.tensor(it[3])
-            flips[b] = it[4]
-        else:
-            ready_index.append(b)
-            ready.append(it[1])
-    return EncodedBatch(data, offsets, shapes, boxes, flips, torch.tensor(ready_index, dtype=torch.int64),
-                        torch.stack(ready) if ready else torch.empty(0, 3, size, size, dtype=torch.uint8),
-                        tuple(names))
+    jpeg = [it if it[0] == "jpeg" else ("ready", b"", (0, 0), (0, 0, 0, 0), False) for it in items]
+    offsets = torch.zeros(len(items) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor([len(it[1]) for it in jpeg], dtype=torch.int64).cumsum(0)
+    data = torch.frombuffer(bytearray().join(it[1] for it in jpeg), dtype=torch.uint8) if int(offsets[-1]) else \
+        torch.empty(0, dtype=torch.uint8)
+    ready_index = [b for b, it in enumerate(items) if it[0] == "ready"]
+    ready = [items[b][1] for b in ready_index]
+    return EncodedBatch(data, offsets, torch.tensor([it[2] for it in jpeg], dtype=torch.int64).view(-1, 2),
+                        torch.tensor([it[3] for it in jpeg], dtype=torch.int64).view(-1, 4),
+                        torch.tensor([it[4] for it in jpeg], dtype=torch.bool),
+                        torch.tensor(ready_index, dtype=torch.int64),
+                        torch.stack(ready) if ready else torch.empty(0, 3, size, size, dtype=torch.uint8), tuple(names))
 
 
 def _cubic(x: Tensor) -> Tensor:
@@ -172,7 +163,8 @@ def crop_resize(images: Sequence[Tensor], boxes: Tensor, flips: Tensor, size: in
         bx = bx.to(dev)
         y = torch.minimum(torch.arange(hp, device=dev)[None, :], bx[:, 2:3] - 1) + bx[:, 0:1]     # [n, hp]
         x = torch.minimum(torch.arange(wp, device=dev)[None, :], bx[:, 3:4] - 1) + bx[:, 1:2]     # [n, wp]
-        idx = (meta[:, 0, None, None, None] + torch.arange(3, device=dev)[None, :, None, None] * meta[:, 1, None, None, None]
+        c = torch.arange(3, device=dev)[None, :, None, None]
+        idx = (meta[:, 0, None, None, None] + c * meta[:, 1, None, None, None]
                + (y * meta[:, 2:3])[:, None, :, None] + (x * meta[:, 3:4])[:, None, None, :])
         crops_f = flat[idx].to(torch.float32)                                  # [n, 3, hp, wp]
         wy = resize_matrix(bx[:, 2], size, hp)                                  # [n, S, hp]
