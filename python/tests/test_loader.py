@@ -8,6 +8,7 @@ import math
 import pathlib
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
@@ -101,14 +102,16 @@ def test_crop_distribution_matches_random_resized_crop():
 
 def test_cpu_path_is_the_released_crop_on_tensors():
     """crops.crop_one (libjpeg-turbo, uint8 tensor resize) against data.train_crops (PIL decode,
-    RandomResizedCrop bicubic, flip) under the same seed: the same box and flip, so the pixels
-    differ only by the two uint8 resize kernels' fixed-point rounding and pass order (the decoders
-    agree bit for bit). Bound: mean |difference| under 0.5 level per image, none over 16 (measured
+    RandomResizedCrop bicubic, flip) under the same seed: the decoders agree bit for bit and the
+    box and flip are the same, so the pixels differ only by the two uint8 resize kernels'
+    fixed-point rounding and pass order. Bound: mean |difference| under 0.5 level per image, none over 16 (measured
     0.002-0.15 and at most 7 on these photographs: the larger ones where one side is upsampled).
     Crops are uint8 [3, S, S]."""
     tf = data.train_crops(224)
     for k, name in enumerate(PHOTOS):
         buf = _jpeg(_photo(name))
+        pil = torch.from_numpy(np.array(Image.open(io.BytesIO(buf)).convert("RGB"))).permute(2, 0, 1)
+        assert torch.equal(crops.decode_full(buf), pil)                   # the decoders agree
         for seed in range(4):
             torch.manual_seed(100 * k + seed)
             ref = tf(Image.open(io.BytesIO(buf)).convert("RGB"))
