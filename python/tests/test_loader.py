@@ -359,3 +359,21 @@ def test_gpu_decoder_on_cuda_matches_the_cpu_path():
     ref = torch.stack([crops.crop_one(b, g, 224, dct=False) for b in bufs])
     d = (got.cpu().int() - ref.int()).abs().float()
     assert d.mean() < 1.5, float(d.mean())
+
+
+def test_items_do_not_depend_on_the_workers(tmp_path):
+    """Both paths' micro-batches through a DataLoader with 2 workers (the EncodedBatch crossing the
+    process boundary in shared memory) equal the ones made in this process."""
+    images = data.ImageFiles(str(_folder(tmp_path)))
+    sampler = data.StepSampler(len(images), 3, 1, 1, 0, seed=5, end=4)
+    items = list(sampler)
+    for mode in ("cpu", "gpu"):
+        ds = data.MicroBatches(images, 32, _NoPlan(), 0.75, True, 5, decode=mode)
+        here = [ds[it][0] for it in items]
+        there = [x[0] for x in data.make_loader(ds, sampler, 2, pin_memory=False)]
+        assert len(there) == len(here) == 4
+        for a, b in zip(here, there):
+            if mode == "cpu":
+                assert torch.equal(a, b)
+            else:
+                assert all(torch.equal(u, v) for u, v in zip(a[:-1], b[:-1])) and tuple(a.names) == tuple(b.names)
