@@ -14,7 +14,8 @@ the plan made (padded to the capacity with --cuda_graphs). Three ways to make th
   device decodes; its speed is not measured here).
 
     python bench/make_jpegs.py /tmp/jpegs
-    python bench/loader.py --data_path /tmp/jpegs [--model NAME] [--batch 128] [--reps 6] [--workers N] [--json]
+    python bench/loader.py --data_path /tmp/jpegs [--model NAME] [--batch 128] [--reps 6] [--json]
+                           [--workers N --batches 20] [--per_sample_masks] [--cuda_graphs]
 
 The per-worker figures are measured in this process with one thread, as a DataLoader worker
 runs, the new and the baseline micro-batches alternating (ABAB...) so that a change in the
@@ -44,6 +45,32 @@ def _masks_and_plan(ds, batch, g, t):
     ds.geometry.plan(masks)
 
 
+def _new_image(ds: data.MicroBatches, i: int, g: torch.Generator):
+    """``crops.crop_one`` split open: (crop, seconds by part, 1 if DCT-scaled)."""
+    S = ds.size
+    t0 = time.perf_counter()
+    raw = ds.images.raw(i)
+    t1 = time.perf_counter()
+    info = None if isinstance(raw, torch.Tensor) else crops.jpeg_info(raw)
+    if info is not None:
+        box, flip = crops.draw_crop(g, info[0], info[1]), crops.draw_flip(g)
+    t2 = time.perf_counter()
+    dct = int(info is not None and crops.dct_scale(box, S) > 1)
+    if dct:
+        img = crops.crop_dct(raw, info[:2], box, False, S, crops.dct_scale(box, S))   # decode + crop/resize
+        t3 = t4 = time.perf_counter()
+    else:
+        img = raw if isinstance(raw, torch.Tensor) else crops.decode_full(raw)
+        if info is None:
+            box, flip = crops.draw_crop(g, img.shape[-2], img.shape[-1]), crops.draw_flip(g)
+        t3 = time.perf_counter()
+        img = crops.resize_crop(img, box, False, S)
+        t4 = time.perf_counter()
+    img = img.flip(-1) if flip else img
+    t5 = time.perf_counter()
+    return img, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), dct
+
+
 def new_batch(ds: data.MicroBatches, idx, seed: int) -> dict:
     """One micro-batch of the new CPU path, timed by part (ms). The same calls as ``crops.crop_one``
     and ``MicroBatches.__getitem__``, split open to time them."""
@@ -51,29 +78,18 @@ def new_batch(ds: data.MicroBatches, idx, seed: int) -> dict:
     S, g, dct = ds.size, torch.Generator().manual_seed(seed), 0
     out = torch.empty(len(idx), 3, S, S, dtype=torch.uint8)
     for k, i in enumerate(idx):
-        t0 = time.perf_counter()
-        raw = ds.images.raw(i)
-        t1 = time.perf_counter()
-        info = None if isinstance(raw, torch.Tensor) else crops.jpeg_info(raw)
-        if info is not None:
-            box, flip = crops.draw_crop(g, info[0], info[1]), crops.draw_flip(g)
-        t2 = time.perf_counter()
-        if info is not None and crops.dct_scale(box, S) > 1:
-            dct += 1
-            img = crops.crop_dct(raw, info[:2], box, False, S, crops.dct_scale(box, S))   # decode + crop/resize
-            t3 = t4 = time.perf_counter()
-        else:
-            img = raw if isinstance(raw, torch.Tensor) else crops.decode_full(raw)
-            if info is None:
-                box, flip = crops.draw_crop(g, img.shape[-2], img.shape[-1]), crops.draw_flip(g)
-            t3 = time.perf_counter()
-            img = crops.resize_crop(img, box, False, S)
-            t4 = time.perf_counter()
-        img = img.flip(-1) if flip else img
+        state = g.get_state()
+        try:
+            img, parts, d = _new_image(ds, i, g)
+        except (crops.Unreadable, OSError):     # an unreadable file: the pipeline's skip, timed whole
+            g.set_state(state)
+            t0 = time.perf_counter()
+            img = ds._first_readable(i, g, lambda raw, g: crops.crop_one(raw, g, S))[1]
+            parts, d = (0.0, 0.0, time.perf_counter() - t0, 0.0, 0.0), 0
         t5 = time.perf_counter()
         out[k] = img
-        t6 = time.perf_counter()
-        for part, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5)):
+        dct += d
+        for part, dt in zip(t, parts + (time.perf_counter() - t5,)):
             t[part] += dt
     t["masks"] -= time.perf_counter()
     _masks_and_plan(ds, len(idx), torch.Generator().manual_seed(seed ^ 0x5DEECE66D), t)
@@ -125,7 +141,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data_path", default=None)
     ap.add_argument("--model", default="green_mim_swin_base_patch4_dec512b1")
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=6, help="micro-batches timed per pipeline, alternating")
+    ap.add_argument("--reps", "--split_reps", dest="reps", type=int, default=6,
+                    help="micro-batches timed per pipeline, alternating")
     ap.add_argument("--workers", type=int, default=0, help="also time a DataLoader with this many workers")
     ap.add_argument("--batches", type=int, default=20, help="micro-batches the DataLoader is timed over")
     ap.add_argument("--per_sample_masks", action="store_true")
@@ -214,8 +231,10 @@ def main(argv=None) -> int:
                 t_start = t_end
         timed = seen - a.workers
         if t_start is not None and timed > 0:
-            ips = timed * a.batch / (t_end - t_start)
-            print(f"DataLoader, {a.workers} workers: {timed} micro-batches at {ips:.0f} img/s")
+            dt = t_end - t_start
+            ips = timed * a.batch / dt
+            print(f"loader, {a.workers} workers: {timed} micro-batches in {dt:.2f} s = {ips:.0f} img/s "
+                  f"({1e3 * dt / timed:.1f} ms per micro-batch, {n // a.batch} per epoch)")
             result["loader"] = {"workers": a.workers, "images_per_s": round(ips, 1)}
     if a.json:
         print(json.dumps(result))

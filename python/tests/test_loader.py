@@ -377,3 +377,20 @@ def test_items_do_not_depend_on_the_workers(tmp_path):
                 assert torch.equal(a, b)
             else:
                 assert all(torch.equal(u, v) for u, v in zip(a[:-1], b[:-1])) and tuple(a.names) == tuple(b.names)
+
+
+def test_loader_bench_json(tmp_path, capsys):
+    """bench/loader.py --json: the last line is one JSON object with the per-worker rate of both
+    pipelines, their split by part and the GPU path's worker rate (nano model, 4 JPEGs a batch)."""
+    import json
+    spec = importlib.util.spec_from_file_location("loader_bench", ROOT / "bench" / "loader.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--data_path", str(_folder(tmp_path)), "--model", "green_mim_swin_nano_patch4_dec128b1",
+                     "--batch", "4", "--reps", "2", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for k in ("images_per_s_per_worker", "baseline_images_per_s_per_worker", "speedup",
+              "gpu_decode_worker_images_per_s_per_worker"):
+        assert res[k] > 0, k
+    assert {"read", "decode", "crop/resize", "flip", "collate", "plan"} <= set(res["split_ms_per_batch"])
+    assert mod.main(["--data_path", str(tmp_path / "none")]) == 2
