@@ -144,13 +144,17 @@ def test_dct_scaling_only_where_the_crop_allows_and_close_to_full_decode():
 def _random_image(g, h, w, layout):
     img = (torch.rand(h, w, 3, generator=g) * 255).to(torch.uint8)
     smooth = torch.nn.functional.avg_pool2d(img.permute(2, 0, 1)[None].float(), 5, 1, 2)[0].to(torch.uint8)
+    if layout == "view":                                   # not dense: a window of a larger image
+        big = torch.zeros(3, h + 9, w + 5, dtype=torch.uint8)
+        big[:, 4:4 + h, 2:2 + w] = smooth
+        return big[:, 4:4 + h, 2:2 + w]
     return smooth.permute(1, 2, 0).permute(2, 0, 1) if layout == "hwc" else smooth.contiguous()
 
 
 def test_batched_crop_resize_arithmetic_matches_the_cpu_path():
     """decode.crop_resize (the GPU path's arithmetic, here on CPU tensors) against
     crops.resize_crop image by image: random sizes, boxes (down- and upscaling, whole image,
-    1-pixel crops), flips, both memory layouts decode_jpeg produces, and a small budget that
+    1-pixel crops), flips, both memory layouts decode_jpeg produces and a strided view, and a small budget that
     splits the batch into groups. Bound: at most 2 levels, mean under 0.02: both are the same
     separable bicubic (a = -0.5) with the same taps and a uint8-rounded intermediate; torch's
     uint8 kernel quantises its weights to fixed point, so a pixel near a rounding edge may land one
@@ -159,7 +163,7 @@ def test_batched_crop_resize_arithmetic_matches_the_cpu_path():
     imgs, boxes, flips = [], [], []
     for b in range(12):
         h, w = int(torch.randint(20, 400, (1,), generator=g)), int(torch.randint(20, 400, (1,), generator=g))
-        imgs.append(_random_image(g, h, w, "hwc" if b % 2 else "chw"))
+        imgs.append(_random_image(g, h, w, ("chw", "hwc", "view")[b % 3]))
         box = crops.draw_crop(g, h, w) if b % 4 else ((0, 0, h, w) if b % 8 else (h // 2, w // 3, 1, 1))
         boxes.append(box)
         flips.append(bool(b % 3 == 0))

@@ -152,9 +152,13 @@ def crop_resize(images: Sequence[Tensor], boxes: Tensor, flips: Tensor, size: in
         base = 0
         for im in ims:
             order = sorted(range(3), key=lambda d: -im.stride(d))
-            flat_parts.append(im.permute(order).reshape(-1))           # a view: decode_jpeg's layouts are dense
+            dense = im.permute(order).contiguous()        # no copy for decode_jpeg's layouts (CHW or HWC)
+            st = [0, 0, 0]
+            for k, d in enumerate(order):
+                st[d] = dense.stride(k)
+            flat_parts.append(dense.view(-1))
             offs.append(base)
-            strides.append(im.stride())
+            strides.append(st)
             base += im.numel()
         flat = torch.cat(flat_parts) if len(flat_parts) > 1 else flat_parts[0]
         bx = torch.tensor([boxes_c[b] for b in group], dtype=torch.int64)
