@@ -10,12 +10,13 @@ the plan made (padded to the capacity with --cuda_graphs). Three ways to make th
   crop as a view, torch's uint8 antialiased bicubic resize, flip (greenmim.pretrain.crops);
 - baseline, the pipeline before it: PIL decode, torchvision's RandomResizedCrop(0.2-1, bicubic) on
   the PIL image, RandomHorizontalFlip, PILToTensor (data.train_crops);
-- the worker's part of ``--decode gpu``: read the bytes, parse the header, draw the crops (the
-  device decodes; its speed is not measured here).
+- the worker's part of ``--decode gpu``: read the bytes, parse the header, draw the crops; with
+  --gpu_decode (CUDA only) also the device's part, ``decode.GpuDecoder`` on micro-batches made
+  beforehand (pinned, as the loader pins them).
 
     python bench/make_jpegs.py /tmp/jpegs
     python bench/loader.py --data_path /tmp/jpegs [--model NAME] [--batch 128] [--reps 6] [--json]
-                           [--workers N --batches 20] [--per_sample_masks] [--cuda_graphs]
+                           [--workers N --batches 20] [--per_sample_masks] [--cuda_graphs] [--gpu_decode]
 
 The per-worker figures are measured in this process with one thread, as a DataLoader worker
 runs, the new and the baseline micro-batches alternating (ABAB...) so that a change in the
@@ -34,7 +35,7 @@ import time
 import torch
 
 from greenmim import indices, mim
-from greenmim.pretrain import crops, data
+from greenmim.pretrain import crops, data, decode
 
 
 def _masks_and_plan(ds, batch, g, t):
@@ -130,6 +131,30 @@ def baseline_batch(ds: data.MicroBatches, idx, seed: int, transform) -> dict:
     return {k: 1e3 * v for k, v in t.items()}
 
 
+def _time_gpu_decode(ds_gpu: data.MicroBatches, n: int, batch: int, reps: int, device=None) -> dict:
+    """The device's part of --decode gpu: GpuDecoder on micro-batches made beforehand, pinned as the
+    loader pins them (ms, synchronised). ``device`` is CUDA but for the test of this function."""
+    dev = torch.device(device or "cuda")
+    cuda = dev.type == "cuda"
+    dec = decode.GpuDecoder(dev, ds_gpu.size)
+    encs = [ds_gpu[(1, r, 0, [(r * batch + i) % n for i in range(batch)])][0] for r in range(reps + 1)]
+    if cuda:
+        encs = [decode.EncodedBatch(*(x.pin_memory() if isinstance(x, torch.Tensor) else x for x in e)) for e in encs]
+    dec(encs[0])                                   # warm-up: nvJPEG's handles, the kernels
+    ms = []
+    for e in encs[1:]:
+        if cuda:
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        dec(e)
+        if cuda:
+            torch.cuda.synchronize(dev)
+        ms.append(1e3 * (time.perf_counter() - t0))
+    med = statistics.median(ms)
+    return {"device": torch.cuda.get_device_name(dev) if cuda else str(dev), "ms_per_batch": round(med, 3),
+            "images_per_s": round(1e3 * batch / med, 1), "fallbacks": dec.fallbacks, "failures": dec.failures}
+
+
 def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -148,10 +173,18 @@ def main(argv=None) -> int:
     ap.add_argument("--per_sample_masks", action="store_true")
     ap.add_argument("--cuda_graphs", action="store_true", help="fixed G and plans padded to a capacity")
     ap.add_argument("--mask_ratio", type=float, default=0.75)
+    ap.add_argument("--gpu_decode", action="store_true",
+                    help="also time decode.GpuDecoder on the CUDA device (nvJPEG, crop, resize, flip)")
     ap.add_argument("--json", action="store_true", help="a JSON object as the last line")
     a = ap.parse_args(argv)
     if a.batch < 1 or a.workers < 0 or a.batches < 1 or a.reps < 1:
         ap.error("--batch, --batches and --reps must be at least 1, --workers at least 0")
+    if a.gpu_decode:
+        try:
+            decode.resolve_decode("gpu", torch.device("cuda"))
+        except data.DataError as e:
+            print(f"loader: {e}", file=sys.stderr)
+            return 2
     torch.set_num_threads(1)                       # as in a DataLoader worker
     try:
         images = data.ImageFiles(a.data_path) if a.data_path else data.SamplePhotographs()
@@ -236,6 +269,11 @@ def main(argv=None) -> int:
             print(f"loader, {a.workers} workers: {timed} micro-batches in {dt:.2f} s = {ips:.0f} img/s "
                   f"({1e3 * dt / timed:.1f} ms per micro-batch, {n // a.batch} per epoch)")
             result["loader"] = {"workers": a.workers, "images_per_s": round(ips, 1)}
+    if a.gpu_decode:
+        result["gpu_decode"] = _time_gpu_decode(ds_gpu, n, a.batch, a.reps)
+        r = result["gpu_decode"]
+        print(f"GpuDecoder on {r['device']}: {r['ms_per_batch']:.2f} ms per micro-batch of {a.batch} (median of "
+              f"{a.reps}) = {r['images_per_s']:.0f} img/s; {r['fallbacks']} CPU fallbacks, {r['failures']} failures")
     if a.json:
         print(json.dumps(result))
     return 0

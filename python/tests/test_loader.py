@@ -398,3 +398,11 @@ def test_loader_bench_json(tmp_path, capsys):
         assert res[k] > 0, k
     assert {"read", "decode", "crop/resize", "flip", "collate", "plan"} <= set(res["split_ms_per_batch"])
     assert mod.main(["--data_path", str(tmp_path / "none")]) == 2
+    ds_gpu = data.MicroBatches(data.ImageFiles(str(tmp_path)), 32, _NoPlan(), 0.75, False, 0, decode="gpu")
+    r = mod._time_gpu_decode(ds_gpu, 8, 4, 2, "cpu")   # --gpu_decode's timing, run on the CPU here
+    assert r["ms_per_batch"] > 0 and r["failures"] == 0 and r["device"] == "cpu"
+    if not torch.cuda.is_available():                 # the device's part needs CUDA: one line, exit code 2
+        capsys.readouterr()
+        assert mod.main(["--gpu_decode"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("loader: --decode gpu:"), err
