@@ -135,7 +135,8 @@ def crop_resize(images: Sequence[Tensor], boxes: Tensor, flips: Tensor, size: in
     """Each uint8 ``[3, H_b, W_b]`` image's crop ``boxes[b]`` (top, left, height, width), resized to
     ``size`` (antialiased bicubic) and flipped where ``flips[b]``: uint8 ``[B, 3, size, size]`` on the
     images' device. For the whole batch at once: the crops are gathered from one concatenated
-    buffer into a padded float batch (any memory layout: the image's own strides index it), and
+    buffer into a padded float batch (any memory layout: each image is indexed by its dense
+    strides; decode_jpeg's CHW and HWC outputs are dense already, so nothing is copied), and
     resized by two batched matrix products (``resize_matrix``: the flip is folded into the
     horizontal one). The same arithmetic runs on CPU tensors (the tests check it there against
     the CPU path, ``crops.resize_crop``). ``budget`` bounds a group's padded elements."""
