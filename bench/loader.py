@@ -10,11 +10,13 @@ the plan made (padded to the capacity with --cuda_graphs). Three ways to make th
   crop as a view, torch's uint8 antialiased bicubic resize, flip (greenmim.pretrain.crops);
 - baseline, the pipeline before it: PIL decode, torchvision's RandomResizedCrop(0.2-1, bicubic) on
   the PIL image, RandomHorizontalFlip, PILToTensor (data.train_crops);
-- the worker's part of ``--decode gpu``: read the bytes, parse the header, draw the crops (the
-  device decodes; its speed is not measured here).
+- the worker's part of ``--decode gpu``: read the bytes, parse the header, draw the crops; with
+  --gpu_decode (CUDA only) also the device's part, ``decode.GpuDecoder`` on micro-batches made
+  beforehand (pinned, as the loader pins them).
 
     python bench/make_jpegs.py /tmp/jpegs
-    python bench/loader.py --data_path /tmp/jpegs [--model NAME] [--batch 128] [--reps 6] [--workers N] [--json]
+    python bench/loader.py --data_path /tmp/jpegs [--model NAME] [--batch 128] [--reps 6] [--json]
+                           [--workers N --batches 20] [--per_sample_masks] [--cuda_graphs] [--gpu_decode]
 
 The per-worker figures are measured in this process with one thread, as a DataLoader worker
 runs, the new and the baseline micro-batches alternating (ABAB...) so that a change in the
@@ -44,6 +46,32 @@ def _masks_and_plan(ds, batch, g, t):
     ds.geometry.plan(masks)
 
 
+def _new_image(ds: data.MicroBatches, i: int, g: torch.Generator):
+    """``crops.crop_one`` split open: (crop, seconds by part, 1 if DCT-scaled)."""
+    S = ds.size
+    t0 = time.perf_counter()
+    raw = ds.images.raw(i)
+    t1 = time.perf_counter()
+    info = None if isinstance(raw, torch.Tensor) else crops.jpeg_info(raw)
+    if info is not None:
+        box, flip = crops.draw_crop(g, info[0], info[1]), crops.draw_flip(g)
+    t2 = time.perf_counter()
+    dct = int(info is not None and crops.dct_scale(box, S) > 1)
+    if dct:
+        img = crops.crop_dct(raw, info[:2], box, False, S, crops.dct_scale(box, S))   # decode + crop/resize
+        t3 = t4 = time.perf_counter()
+    else:
+        img = raw if isinstance(raw, torch.Tensor) else crops.decode_full(raw)
+        if info is None:
+            box, flip = crops.draw_crop(g, img.shape[-2], img.shape[-1]), crops.draw_flip(g)
+        t3 = time.perf_counter()
+        img = crops.resize_crop(img, box, False, S)
+        t4 = time.perf_counter()
+    img = img.flip(-1) if flip else img
+    t5 = time.perf_counter()
+    return img, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), dct
+
+
 def new_batch(ds: data.MicroBatches, idx, seed: int) -> dict:
     """One micro-batch of the new CPU path, timed by part (ms). The same calls as ``crops.crop_one``
     and ``MicroBatches.__getitem__``, split open to time them."""
@@ -51,29 +79,18 @@ def new_batch(ds: data.MicroBatches, idx, seed: int) -> dict:
     S, g, dct = ds.size, torch.Generator().manual_seed(seed), 0
     out = torch.empty(len(idx), 3, S, S, dtype=torch.uint8)
     for k, i in enumerate(idx):
-        t0 = time.perf_counter()
-        raw = ds.images.raw(i)
-        t1 = time.perf_counter()
-        info = None if isinstance(raw, torch.Tensor) else crops.jpeg_info(raw)
-        if info is not None:
-            box, flip = crops.draw_crop(g, info[0], info[1]), crops.draw_flip(g)
-        t2 = time.perf_counter()
-        if info is not None and crops.dct_scale(box, S) > 1:
-            dct += 1
-            img = crops.crop_dct(raw, info[:2], box, False, S, crops.dct_scale(box, S))   # decode + crop/resize
-            t3 = t4 = time.perf_counter()
-        else:
-            img = raw if isinstance(raw, torch.Tensor) else crops.decode_full(raw)
-            if info is None:
-                box, flip = crops.draw_crop(g, img.shape[-2], img.shape[-1]), crops.draw_flip(g)
-            t3 = time.perf_counter()
-            img = crops.resize_crop(img, box, False, S)
-            t4 = time.perf_counter()
-        img = img.flip(-1) if flip else img
+        state = g.get_state()
+        try:
+            img, parts, d = _new_image(ds, i, g)
+        except (crops.Unreadable, OSError):     # an unreadable file: the pipeline's skip, timed whole
+            g.set_state(state)
+            t0 = time.perf_counter()
+            img = ds._first_readable(i, g, lambda raw, g: crops.crop_one(raw, g, S))[1]
+            parts, d = (0.0, 0.0, time.perf_counter() - t0, 0.0, 0.0), 0
         t5 = time.perf_counter()
         out[k] = img
-        t6 = time.perf_counter()
-        for part, dt in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5)):
+        dct += d
+        for part, dt in zip(t, parts + (time.perf_counter() - t5,)):
             t[part] += dt
     t["masks"] -= time.perf_counter()
     _masks_and_plan(ds, len(idx), torch.Generator().manual_seed(seed ^ 0x5DEECE66D), t)
@@ -114,6 +131,30 @@ def baseline_batch(ds: data.MicroBatches, idx, seed: int, transform) -> dict:
     return {k: 1e3 * v for k, v in t.items()}
 
 
+def _time_gpu_decode(ds_gpu: data.MicroBatches, n: int, batch: int, reps: int, device=None) -> dict:
+    """The device's part of --decode gpu: GpuDecoder on micro-batches made beforehand, pinned as the
+    loader pins them (ms, synchronised). ``device`` is CUDA but for the test of this function."""
+    dev = torch.device(device or "cuda")
+    cuda = dev.type == "cuda"
+    dec = decode.GpuDecoder(dev, ds_gpu.size)
+    encs = [ds_gpu[(1, r, 0, [(r * batch + i) % n for i in range(batch)])][0] for r in range(reps + 1)]
+    if cuda:
+        encs = [decode.EncodedBatch(*(x.pin_memory() if isinstance(x, torch.Tensor) else x for x in e)) for e in encs]
+    dec(encs[0])                                   # warm-up: nvJPEG's handles, the kernels
+    ms = []
+    for e in encs[1:]:
+        if cuda:
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        dec(e)
+        if cuda:
+            torch.cuda.synchronize(dev)
+        ms.append(1e3 * (time.perf_counter() - t0))
+    med = statistics.median(ms)
+    return {"device": torch.cuda.get_device_name(dev) if cuda else str(dev), "ms_per_batch": round(med, 3),
+            "images_per_s": round(1e3 * batch / med, 1), "fallbacks": dec.fallbacks, "failures": dec.failures}
+
+
 def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -125,16 +166,25 @@ def main(argv=None) -> int:
     ap.add_argument("--data_path", default=None)
     ap.add_argument("--model", default="green_mim_swin_base_patch4_dec512b1")
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=6, help="micro-batches timed per pipeline, alternating")
+    ap.add_argument("--reps", "--split_reps", dest="reps", type=int, default=6,
+                    help="micro-batches timed per pipeline, alternating")
     ap.add_argument("--workers", type=int, default=0, help="also time a DataLoader with this many workers")
     ap.add_argument("--batches", type=int, default=20, help="micro-batches the DataLoader is timed over")
     ap.add_argument("--per_sample_masks", action="store_true")
     ap.add_argument("--cuda_graphs", action="store_true", help="fixed G and plans padded to a capacity")
     ap.add_argument("--mask_ratio", type=float, default=0.75)
+    ap.add_argument("--gpu_decode", action="store_true",
+                    help="also time decode.GpuDecoder on the CUDA device (nvJPEG, crop, resize, flip)")
     ap.add_argument("--json", action="store_true", help="a JSON object as the last line")
     a = ap.parse_args(argv)
     if a.batch < 1 or a.workers < 0 or a.batches < 1 or a.reps < 1:
         ap.error("--batch, --batches and --reps must be at least 1, --workers at least 0")
+    if a.gpu_decode:
+        try:
+            decode.resolve_decode("gpu", torch.device("cuda"))
+        except data.DataError as e:
+            print(f"loader: {e}", file=sys.stderr)
+            return 2
     torch.set_num_threads(1)                       # as in a DataLoader worker
     try:
         images = data.ImageFiles(a.data_path) if a.data_path else data.SamplePhotographs()
@@ -153,8 +203,9 @@ def main(argv=None) -> int:
     ds_gpu = data.MicroBatches(images, S, geometry, a.mask_ratio, a.per_sample_masks, 0, decode="gpu")
     transform = data.train_crops(S)
     masks = "per-sample masks" if a.per_sample_masks else "one mask per micro-batch"
-    print(f"== loader: {a.model}, {S} px, batch {a.batch}, {masks}"
-          f"{', plans padded (--cuda_graphs)' if a.cuda_graphs else ''}, {images.describe()}, torch {torch.__version__}")
+    padded = ", plans padded (--cuda_graphs)" if a.cuda_graphs else ""
+    print(f"== loader: {a.model}, {S} px, batch {a.batch}, {masks}{padded}, {images.describe()}, "
+          f"torch {torch.__version__}")
     n = len(images)
     for r in range(min(2, a.reps)):                # warm-up (page cache, first calls), untimed
         idx = [(r * a.batch + i) % n for i in range(a.batch)]
@@ -213,9 +264,16 @@ def main(argv=None) -> int:
                 t_start = t_end
         timed = seen - a.workers
         if t_start is not None and timed > 0:
-            ips = timed * a.batch / (t_end - t_start)
-            print(f"DataLoader, {a.workers} workers: {timed} micro-batches at {ips:.0f} img/s")
+            dt = t_end - t_start
+            ips = timed * a.batch / dt
+            print(f"loader, {a.workers} workers: {timed} micro-batches in {dt:.2f} s = {ips:.0f} img/s "
+                  f"({1e3 * dt / timed:.1f} ms per micro-batch, {n // a.batch} per epoch)")
             result["loader"] = {"workers": a.workers, "images_per_s": round(ips, 1)}
+    if a.gpu_decode:
+        result["gpu_decode"] = _time_gpu_decode(ds_gpu, n, a.batch, a.reps)
+        r = result["gpu_decode"]
+        print(f"GpuDecoder on {r['device']}: {r['ms_per_batch']:.2f} ms per micro-batch of {a.batch} (median of "
+              f"{a.reps}) = {r['images_per_s']:.0f} img/s; {r['fallbacks']} CPU fallbacks, {r['failures']} failures")
     if a.json:
         print(json.dumps(result))
     return 0

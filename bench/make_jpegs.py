@@ -10,7 +10,8 @@ scikit-image's wheel (no download), resized so that the sizes spread around Imag
 then 3:2, 1:1, 16:9 and portrait. Noise stands in for the grain of a real photograph (smooth
 upscaled crops would compress, and decode, faster than photographs do), and the quality is
 85 to 95 (about 90, with PIL's default 4:2:0 chroma subsampling). About 5% are single-channel
-(greyscale) JPEGs, as ImageNet has some. The files average about 85 KB (ImageNet's: about 110 KB; decode time grows with it).
+(greyscale) JPEGs, as ImageNet has some. The files average about 85 KB (ImageNet's: about
+110 KB; decode time grows with it).
 
 A DIR that exists and is not empty is refused (exit code 2): nothing is overwritten or mixed.
 """

@@ -8,6 +8,7 @@ import math
 import pathlib
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,7 +35,8 @@ def _photo(name):
 
 def _ks(a, b) -> float:
     """Two-sample Kolmogorov-Smirnov statistic."""
-    a, b = torch.sort(torch.as_tensor(a, dtype=torch.float64))[0], torch.sort(torch.as_tensor(b, dtype=torch.float64))[0]
+    a = torch.sort(torch.as_tensor(a, dtype=torch.float64))[0]
+    b = torch.sort(torch.as_tensor(b, dtype=torch.float64))[0]
     x = torch.cat([a, b])
     fa = torch.searchsorted(a, x, right=True).double() / len(a)
     fb = torch.searchsorted(b, x, right=True).double() / len(b)
@@ -100,14 +102,16 @@ def test_crop_distribution_matches_random_resized_crop():
 
 def test_cpu_path_is_the_released_crop_on_tensors():
     """crops.crop_one (libjpeg-turbo, uint8 tensor resize) against data.train_crops (PIL decode,
-    RandomResizedCrop bicubic, flip) under the same seed: the same box and flip, so the pixels
-    differ only by the two uint8 resize kernels' fixed-point rounding and pass order (the decoders
-    agree bit for bit). Bound: mean |difference| under 0.5 level per image, none over 16 (measured
+    RandomResizedCrop bicubic, flip) under the same seed: the decoders agree bit for bit and the
+    box and flip are the same, so the pixels differ only by the two uint8 resize kernels'
+    fixed-point rounding and pass order. Bound: mean |difference| under 0.5 level per image, none over 16 (measured
     0.002-0.15 and at most 7 on these photographs: the larger ones where one side is upsampled).
     Crops are uint8 [3, S, S]."""
     tf = data.train_crops(224)
     for k, name in enumerate(PHOTOS):
         buf = _jpeg(_photo(name))
+        pil = torch.from_numpy(np.array(Image.open(io.BytesIO(buf)).convert("RGB"))).permute(2, 0, 1)
+        assert torch.equal(crops.decode_full(buf), pil)                   # the decoders agree
         for seed in range(4):
             torch.manual_seed(100 * k + seed)
             ref = tf(Image.open(io.BytesIO(buf)).convert("RGB"))
@@ -140,13 +144,17 @@ def test_dct_scaling_only_where_the_crop_allows_and_close_to_full_decode():
 def _random_image(g, h, w, layout):
     img = (torch.rand(h, w, 3, generator=g) * 255).to(torch.uint8)
     smooth = torch.nn.functional.avg_pool2d(img.permute(2, 0, 1)[None].float(), 5, 1, 2)[0].to(torch.uint8)
+    if layout == "view":                                   # not dense: a window of a larger image
+        big = torch.zeros(3, h + 9, w + 5, dtype=torch.uint8)
+        big[:, 4:4 + h, 2:2 + w] = smooth
+        return big[:, 4:4 + h, 2:2 + w]
     return smooth.permute(1, 2, 0).permute(2, 0, 1) if layout == "hwc" else smooth.contiguous()
 
 
 def test_batched_crop_resize_arithmetic_matches_the_cpu_path():
     """decode.crop_resize (the GPU path's arithmetic, here on CPU tensors) against
     crops.resize_crop image by image: random sizes, boxes (down- and upscaling, whole image,
-    1-pixel crops), flips, both memory layouts decode_jpeg produces, and a small budget that
+    1-pixel crops), flips, both memory layouts decode_jpeg produces and a strided view, and a small budget that
     splits the batch into groups. Bound: at most 2 levels, mean under 0.02: both are the same
     separable bicubic (a = -0.5) with the same taps and a uint8-rounded intermediate; torch's
     uint8 kernel quantises its weights to fixed point, so a pixel near a rounding edge may land one
@@ -155,7 +163,7 @@ def test_batched_crop_resize_arithmetic_matches_the_cpu_path():
     imgs, boxes, flips = [], [], []
     for b in range(12):
         h, w = int(torch.randint(20, 400, (1,), generator=g)), int(torch.randint(20, 400, (1,), generator=g))
-        imgs.append(_random_image(g, h, w, "hwc" if b % 2 else "chw"))
+        imgs.append(_random_image(g, h, w, ("chw", "hwc", "view")[b % 3]))
         box = crops.draw_crop(g, h, w) if b % 4 else ((0, 0, h, w) if b % 8 else (h // 2, w // 3, 1, 1))
         boxes.append(box)
         flips.append(bool(b % 3 == 0))
@@ -282,7 +290,8 @@ def test_gpu_decoder_falls_back_to_the_cpu_and_counts(tmp_path, capfd, monkeypat
 def test_resolve_decode():
     assert decode.resolve_decode("cpu", torch.device("cpu")) == "cpu"
     assert decode.resolve_decode("auto", torch.device("cpu")) == "cpu"
-    with pytest.raises(data.DataError, match=r"^--decode gpu: the step runs on cpu, not on a CUDA device; use --decode cpu"):
+    with pytest.raises(data.DataError,
+                       match=r"^--decode gpu: the step runs on cpu, not on a CUDA device; use --decode cpu"):
         decode.resolve_decode("gpu", torch.device("cpu"))
     with pytest.raises(data.DataError, match="choose one of auto, cpu, gpu"):
         decode.resolve_decode("nvjpeg", torch.device("cpu"))
@@ -354,3 +363,46 @@ def test_gpu_decoder_on_cuda_matches_the_cpu_path():
     ref = torch.stack([crops.crop_one(b, g, 224, dct=False) for b in bufs])
     d = (got.cpu().int() - ref.int()).abs().float()
     assert d.mean() < 1.5, float(d.mean())
+
+
+def test_items_do_not_depend_on_the_workers(tmp_path):
+    """Both paths' micro-batches through a DataLoader with 2 workers (the EncodedBatch crossing the
+    process boundary in shared memory) equal the ones made in this process."""
+    images = data.ImageFiles(str(_folder(tmp_path)))
+    sampler = data.StepSampler(len(images), 3, 1, 1, 0, seed=5, end=4)
+    items = list(sampler)
+    for mode in ("cpu", "gpu"):
+        ds = data.MicroBatches(images, 32, _NoPlan(), 0.75, True, 5, decode=mode)
+        here = [ds[it][0] for it in items]
+        there = [x[0] for x in data.make_loader(ds, sampler, 2, pin_memory=False)]
+        assert len(there) == len(here) == 4
+        for a, b in zip(here, there):
+            if mode == "cpu":
+                assert torch.equal(a, b)
+            else:
+                assert all(torch.equal(u, v) for u, v in zip(a[:-1], b[:-1])) and tuple(a.names) == tuple(b.names)
+
+
+def test_loader_bench_json(tmp_path, capsys):
+    """bench/loader.py --json: the last line is one JSON object with the per-worker rate of both
+    pipelines, their split by part and the GPU path's worker rate (nano model, 4 JPEGs a batch)."""
+    import json
+    spec = importlib.util.spec_from_file_location("loader_bench", ROOT / "bench" / "loader.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--data_path", str(_folder(tmp_path)), "--model", "green_mim_swin_nano_patch4_dec128b1",
+                     "--batch", "4", "--reps", "2", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for k in ("images_per_s_per_worker", "baseline_images_per_s_per_worker", "speedup",
+              "gpu_decode_worker_images_per_s_per_worker"):
+        assert res[k] > 0, k
+    assert {"read", "decode", "crop/resize", "flip", "collate", "plan"} <= set(res["split_ms_per_batch"])
+    assert mod.main(["--data_path", str(tmp_path / "none")]) == 2
+    ds_gpu = data.MicroBatches(data.ImageFiles(str(tmp_path)), 32, _NoPlan(), 0.75, False, 0, decode="gpu")
+    r = mod._time_gpu_decode(ds_gpu, 8, 4, 2, "cpu")   # --gpu_decode's timing, run on the CPU here
+    assert r["ms_per_batch"] > 0 and r["failures"] == 0 and r["device"] == "cpu"
+    if not torch.cuda.is_available():                 # the device's part needs CUDA: one line, exit code 2
+        capsys.readouterr()
+        assert mod.main(["--gpu_decode"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("loader: --decode gpu:"), err

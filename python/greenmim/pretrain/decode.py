@@ -68,27 +68,18 @@ def plan_one(raw, g: torch.Generator, size: int):
 
 def encode_batch(items: Sequence[tuple], names: Sequence[str], size: int) -> EncodedBatch:
     """``plan_one``'s results for a micro-batch -> one ``EncodedBatch``."""
-    B = len(items)
-    lengths = [len(it[1]) if it[0] == "jpeg" else 0 for it in items]
-    offsets = torch.zeros(B + 1, dtype=torch.int64)
-    offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
-    data = torch.empty(int(offsets[-1]), dtype=torch.uint8)
-    shapes = torch.zeros(B, 2, dtype=torch.int64)
-    boxes = torch.zeros(B, 4, dtype=torch.int64)
-    flips = torch.zeros(B, dtype=torch.bool)
-    ready_index, ready = [], []
-    for b, it in enumerate(items):
-        if it[0] == "jpeg":
-            data[offsets[b]:offsets[b + 1]] = torch.frombuffer(it[1], dtype=torch.uint8)
-            shapes[b] = torch.tensor(it[2])
-            boxes[b] = torch.tensor(it[3])
-            flips[b] = it[4]
-        else:
-            ready_index.append(b)
-            ready.append(it[1])
-    return EncodedBatch(data, offsets, shapes, boxes, flips, torch.tensor(ready_index, dtype=torch.int64),
-                        torch.stack(ready) if ready else torch.empty(0, 3, size, size, dtype=torch.uint8),
-                        tuple(names))
+    jpeg = [it if it[0] == "jpeg" else ("ready", b"", (0, 0), (0, 0, 0, 0), False) for it in items]
+    offsets = torch.zeros(len(items) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor([len(it[1]) for it in jpeg], dtype=torch.int64).cumsum(0)
+    data = torch.frombuffer(bytearray().join(it[1] for it in jpeg), dtype=torch.uint8) if int(offsets[-1]) else \
+        torch.empty(0, dtype=torch.uint8)
+    ready_index = [b for b, it in enumerate(items) if it[0] == "ready"]
+    ready = [items[b][1] for b in ready_index]
+    return EncodedBatch(data, offsets, torch.tensor([it[2] for it in jpeg], dtype=torch.int64).view(-1, 2),
+                        torch.tensor([it[3] for it in jpeg], dtype=torch.int64).view(-1, 4),
+                        torch.tensor([it[4] for it in jpeg], dtype=torch.bool),
+                        torch.tensor(ready_index, dtype=torch.int64),
+                        torch.stack(ready) if ready else torch.empty(0, 3, size, size, dtype=torch.uint8), tuple(names))
 
 
 def _cubic(x: Tensor) -> Tensor:
@@ -144,7 +135,8 @@ def crop_resize(images: Sequence[Tensor], boxes: Tensor, flips: Tensor, size: in
     """Each uint8 ``[3, H_b, W_b]`` image's crop ``boxes[b]`` (top, left, height, width), resized to
     ``size`` (antialiased bicubic) and flipped where ``flips[b]``: uint8 ``[B, 3, size, size]`` on the
     images' device. For the whole batch at once: the crops are gathered from one concatenated
-    buffer into a padded float batch (any memory layout: the image's own strides index it), and
+    buffer into a padded float batch (any memory layout: each image is indexed by its dense
+    strides; decode_jpeg's CHW and HWC outputs are dense already, so nothing is copied), and
     resized by two batched matrix products (``resize_matrix``: the flip is folded into the
     horizontal one). The same arithmetic runs on CPU tensors (the tests check it there against
     the CPU path, ``crops.resize_crop``). ``budget`` bounds a group's padded elements."""
@@ -161,9 +153,13 @@ def crop_resize(images: Sequence[Tensor], boxes: Tensor, flips: Tensor, size: in
         base = 0
         for im in ims:
             order = sorted(range(3), key=lambda d: -im.stride(d))
-            flat_parts.append(im.permute(order).reshape(-1))           # a view: decode_jpeg's layouts are dense
+            dense = im.permute(order).contiguous()        # no copy for decode_jpeg's layouts (CHW or HWC)
+            st = [0, 0, 0]
+            for k, d in enumerate(order):
+                st[d] = dense.stride(k)
+            flat_parts.append(dense.view(-1))
             offs.append(base)
-            strides.append(im.stride())
+            strides.append(st)
             base += im.numel()
         flat = torch.cat(flat_parts) if len(flat_parts) > 1 else flat_parts[0]
         bx = torch.tensor([boxes_c[b] for b in group], dtype=torch.int64)
@@ -172,7 +168,8 @@ def crop_resize(images: Sequence[Tensor], boxes: Tensor, flips: Tensor, size: in
         bx = bx.to(dev)
         y = torch.minimum(torch.arange(hp, device=dev)[None, :], bx[:, 2:3] - 1) + bx[:, 0:1]     # [n, hp]
         x = torch.minimum(torch.arange(wp, device=dev)[None, :], bx[:, 3:4] - 1) + bx[:, 1:2]     # [n, wp]
-        idx = (meta[:, 0, None, None, None] + torch.arange(3, device=dev)[None, :, None, None] * meta[:, 1, None, None, None]
+        c = torch.arange(3, device=dev)[None, :, None, None]
+        idx = (meta[:, 0, None, None, None] + c * meta[:, 1, None, None, None]
                + (y * meta[:, 2:3])[:, None, :, None] + (x * meta[:, 3:4])[:, None, None, :])
         crops_f = flat[idx].to(torch.float32)                                  # [n, 3, hp, wp]
         wy = resize_matrix(bx[:, 2], size, hp)                                  # [n, S, hp]
