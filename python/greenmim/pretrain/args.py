@@ -106,6 +106,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--data_path", default=None,
                    help="an image folder (class subfolders or images; DATA_PATH/train is used when it exists); "
                         "default: scikit-image's sample photographs")
+    g.add_argument("--decode", default="auto", choices=("auto", "cpu", "gpu"),
+                   help="where JPEGs are decoded and cropped: 'gpu' on the step's CUDA device (batched nvJPEG; the "
+                        "workers only read bytes and draw the crops), 'cpu' in the loader workers (libjpeg-turbo); "
+                        "'auto': gpu when the step runs on CUDA and torchvision decodes there, else cpu")
     g.add_argument("--num_workers", default=None, type=int, help="loader processes per rank (default: this rank's share of the CPUs less one, 1 to 32)")
     g.add_argument("--pin_mem", dest="pin_mem", action="store_true", default=True, help="pin host memory (CUDA)")
     g.add_argument("--no_pin_mem", dest="pin_mem", action="store_false")

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from .. import mim
+from . import decode as _decode
 from . import checkpoints, data, dist, graphs, optim, report, signals, state
 from .books import Books as _Books, Saver as _Saver, TestHooks as _TestHooks, preempted_line as _preempted_line
 from .args import UsageError
@@ -57,6 +58,7 @@ def run(args, ctx: dist.Context, resume: Optional[checkpoints.Resume] = None) ->
     if ctx.device.type == "cpu":
         workers, n, why = dist.cpu_split(args.num_workers)
         threads = f"{n} intra-op thread{'s' if n > 1 else ''} ({why})"
+    decode_mode = _decode.resolve_decode(args.decode, ctx.device)   # --decode gpu without CUDA: one line, exit 2
     model = build_model(args)
     amp = amp_dtype(args, ctx.device)
     images = images_of(args)
@@ -96,11 +98,13 @@ def run(args, ctx: dist.Context, resume: Optional[checkpoints.Resume] = None) ->
         dist.broadcast_state(model, ctx)
         graphed = graphs.GraphedStep(net, lambda x, p: net(data.normalize(x), p)[0], opt, amp, ctx.device,
                                      geometry.capacity, grad_sync=dist.average_gradients(ctx))
-    ds = data.MicroBatches(images, geometry.img_size, geometry, args.mask_ratio, args.per_sample_masks, args.seed)
+    ds = data.MicroBatches(images, geometry.img_size, geometry, args.mask_ratio, args.per_sample_masks, args.seed,
+                           decode=decode_mode)
+    decoder = _decode.GpuDecoder(ctx.device, geometry.img_size) if decode_mode == "gpu" else None
     rep = report.Reporter(ctx.main, out, args.log_dir, args.print_freq, total, spe,
                           args.batch_size * args.accum_iter * ctx.world, resume_step=step)
     report.header(rep, args, model, images, sampler, geometry, lr, amp, ctx, workers, total, resume.path, step,
-                  use_graphs, threads, SMALL_MODELS)
+                  use_graphs, threads, SMALL_MODELS, decode_mode)
     for line in (resume.why, graph_note):
         if line:
             rep.print(line if line.startswith("greenmim.pretrain") else f"greenmim.pretrain: {line}")
@@ -131,6 +135,8 @@ def run(args, ctx: dist.Context, resume: Optional[checkpoints.Resume] = None) ->
                     optim.set_lr(opt, value)
                     torch.manual_seed(data.derive_seed(args.seed, ctx.rank, step, 1))  # drop path, dropout
                     losses = []
+                if decoder is not None:                   # --decode gpu: bytes -> uint8 crops on the device
+                    imgs = decoder(imgs)
                 if graphed is not None:                   # a CUDA graph (accum_iter 1): the whole step
                     losses.append(graphed.step(imgs, plan).float())
                     found = graphed.found.clone()
@@ -178,6 +184,11 @@ def run(args, ctx: dist.Context, resume: Optional[checkpoints.Resume] = None) ->
                 if last:
                     break
         summary["steps"] = step
+        if decoder is not None:
+            summary.update(decode_fallbacks=decoder.fallbacks, decode_failures=decoder.failures)
+            if decoder.fallbacks or decoder.failures:
+                rep.print(f"greenmim.pretrain: --decode gpu: {decoder.fallbacks} image(s) decoded on the CPU instead, "
+                          f"{decoder.failures} unreadable (a grey image stood in)")
         if graphed is not None:
             summary.update(graph_replays=graphed.replays, graph_overflows=graphed.overflows,
                            graph_recaptures=graphed.recaptures, graph_failure=graphed.failure)

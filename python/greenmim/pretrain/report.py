@@ -186,7 +186,7 @@ def reconstruction_grid(model, images: torch.Tensor, masks: torch.Tensor, device
 
 
 def header(rep, args, model, images, sampler, geometry, lr, amp, ctx, workers, total, resume, step, graphed: bool,
-           threads: str, small_models: tuple) -> None:
+           threads: str, small_models: tuple, decode: str = "cpu") -> None:
     """The lines a run starts with: model, data and masks, batch and schedule, device and modes,
     checkpoints, threads; then what was resumed."""
     n = sum(p.numel() for p in model.parameters())
@@ -198,7 +198,8 @@ def header(rep, args, model, images, sampler, geometry, lr, amp, ctx, workers, t
               f"{geometry.window}, decoder {model.mask_token.shape[-1]} x {len(model.decoder_blocks)}, decoder order "
               f"{model.decoder_order}, norm_pix_loss {model.norm_pix_loss}")
     rep.print(f"  data: {images.describe()}; masks: {masks}, ratio {args.mask_ratio} ({keep} of {L} units "
-              f"visible), drawn and planned in {where}")
+              f"visible), drawn and planned in {where}; images decoded "
+              f"{'on ' + str(ctx.device) + ' (--decode gpu)' if decode == 'gpu' else 'in the workers'}")
     procs = f"{ctx.world} process{'es' if ctx.world > 1 else ''}"
     rep.print(f"  {args.batch_size} images x accum {args.accum_iter} x {procs} = {sampler.global_batch} "
               f"per step; {sampler.steps_per_epoch} steps per epoch; {total} steps "
