@@ -23,7 +23,7 @@
 #   7. trace      Swin-B eager steps under torch.profiler: host and GPU time by category
 # Files in the folder (a device call returns 8): summary.md, build.log, ab.log, train_swin_b.log,
 # pretrain_e2e.log, train_swin_l_twins_l.log, train_compiled.log, trace.log.
-# Environment: BUDGET (s, default 480), BATCH (128), E2E_STEPS (60), E2E_IMAGES (3072),
+# Environment: BUDGET (s, default 480), BATCH (128), E2E_STEPS (60), E2E_IMAGES (8192: 64 steps, one epoch),
 # PYTHON (python3), GREENMIM_LIB_DIR (--dry-run: the libraries to use; default build/lib),
 # GM_MAKE_JPEGS (default bench/make_jpegs.py).
 # Exit status: 0 when every stage that ran passed, 1 otherwise.
@@ -39,7 +39,7 @@ mkdir -p "$GM_OUT" || exit 1
 PYTHON="${PYTHON:-python3}"
 BATCH="${BATCH:-128}"
 E2E_STEPS="${E2E_STEPS:-60}"
-E2E_IMAGES="${E2E_IMAGES:-3072}"
+E2E_IMAGES="${E2E_IMAGES:-8192}"
 GM_MAKE_JPEGS="${GM_MAKE_JPEGS:-bench/make_jpegs.py}"
 GM_SCRATCH="$(mktemp -d /tmp/greenmim-lent-scratch-XXXXXX)"
 GM_SUMMARY="$GM_OUT/summary.md"
@@ -97,12 +97,33 @@ if [ -x "$GM_NVCC" ] && [ -f bench/gpu/ab/peg_run_ab.cu ]; then
     echo "nvcc rc=$?" >> "$GM_SCRATCH/ab_build.txt" ) &
   GM_AB_PID=$!
 fi
+# make_jpegs in GM_SHARDS processes (seeds 0..K-1, one folder each), merged into one ImageFolder:
+# enough images that the trainer's steps fit in one epoch (no worker restart inside the timing)
 GM_JPEGS="$GM_SCRATCH/jpegs"
 GM_JPEG_N="$E2E_IMAGES"
-[ "$GM_DRY" = 1 ] && GM_JPEG_N=48
+GM_SHARDS=8
+[ "$GM_DRY" = 1 ] && GM_JPEG_N=48 && GM_SHARDS=2
 GM_JPEG_PID=""
 if [ -f "$GM_MAKE_JPEGS" ]; then
-  ( "$PYTHON" "$GM_MAKE_JPEGS" "$GM_JPEGS" --n "$GM_JPEG_N" > "$GM_SCRATCH/jpegs.txt" 2>&1; echo "make_jpegs rc=$?" >> "$GM_SCRATCH/jpegs.txt" ) &
+  (
+    pids=()
+    for k in $(seq 0 $((GM_SHARDS - 1))); do
+      "$PYTHON" "$GM_MAKE_JPEGS" "$GM_SCRATCH/shard$k" --n $((GM_JPEG_N / GM_SHARDS)) --seed "$k" > "$GM_SCRATCH/shard$k.txt" 2>&1 &
+      pids+=($!)
+    done
+    rc=0
+    for j in "${pids[@]}"; do wait "$j" || rc=1; done
+    cat "$GM_SCRATCH"/shard*.txt
+    for k in $(seq 0 $((GM_SHARDS - 1))); do
+      for d in "$GM_SCRATCH/shard$k"/train/*/; do
+        c="$(basename "$d")"
+        mkdir -p "$GM_JPEGS/train/$c"
+        for f in "$d"*; do mv "$f" "$GM_JPEGS/train/$c/s${k}_$(basename "$f")" || rc=1; done
+      done
+    done
+    echo "make_jpegs: $(find "$GM_JPEGS" -type f | wc -l) images in $GM_JPEGS from $GM_SHARDS shards"
+    echo "make_jpegs rc=$rc"
+  ) > "$GM_SCRATCH/jpegs.txt" 2>&1 &
   GM_JPEG_PID=$!
 fi
 if [ "$GM_DRY" = 1 ]; then

@@ -236,3 +236,18 @@ def test_lent_device_script_refuses_a_machine_without_a_gpu(tmp_path):
     out = subprocess.run(["bash", str(ROOT / "bench/gpu/lent_device.sh"), str(tmp_path / "out")],
                          capture_output=True, text=True, timeout=60, cwd=str(ROOT))
     assert out.returncode == 2 and "no nvidia-smi: not a GPU machine (use --dry-run here)" in out.stdout
+
+
+def test_op_overhead_times_each_op_both_passes(capsys):
+    """bench/op_overhead.py: every public op, forward and forward + backward, on both paths, with
+    its scale rows and a JSON last line; unknown ops are refused."""
+    import json
+    oo = _bench_module("op_overhead", "bench/op_overhead.py")
+    assert oo.main(["--reps", "3", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    ops = {"attention_packed", "attention", "partition", "unpartition", "depthwise_conv3x3", "block_conv", "swin_block"}
+    assert {(r["op"], r["pass"]) for r in res["rows"]} == {(o, p) for o in ops for p in ("forward", "forward + backward")}
+    assert all(r["fast_us"] > 0 and r["dispatcher_us"] > 0 for r in res["rows"])
+    assert res["torch_add_us"] > 0 and res["function_floor_us"] > 0
+    with pytest.raises(SystemExit):
+        oo.main(["--ops", "bogus"])
