@@ -161,8 +161,8 @@ def known_index(tensors: Sequence[torch.Tensor], group_size: Optional[int]) -> O
 
 def remember_index(tensors: Sequence[torch.Tensor], group_size: int) -> Optional[KnownIndex]:
     """Remembers four index tensors that pass :func:`index_valid` (and returns the entry), else None."""
-    if len(tensors) != 4 or not index_valid(tensors, group_size):
-        return None
+    if len(tensors) != 4 or not index_valid(tensors, group_size) or any(t.is_inference() for t in tensors):
+        return None                 # (inference tensors keep no version counter: never remembered)
     e = KnownIndex(tensors, group_size)
     _known[id(tensors[0])] = e
     return e
@@ -267,10 +267,15 @@ def _bias_f32(bias: Optional[torch.Tensor], q: torch.Tensor) -> Optional[torch.T
     if bias is None:
         return None
     if uses_kernels(q):
-        if bias.dtype == torch.float32 and bias.is_contiguous():
-            return bias
-        return bias.detach().to(torch.float32).contiguous()
+        return _bias_kernels(bias)
     return bias if bias.dtype == q.dtype else bias.detach().to(q.dtype)
+
+
+def _bias_kernels(bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """_bias_f32 on the kernels' path (the caller knows it is on it)."""
+    if bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()):
+        return bias
+    return bias.detach().to(torch.float32).contiguous()
 
 
 def _args(struct, q, tensors: dict, ix: Index):
@@ -341,7 +346,7 @@ def _kernel_fwd(like, shape, qkv_fields, bias, ix: Index, algo: str) -> Tuple[to
         return o, lse
     lib = _kernel_lib(like)
     qf, kf, vf = qkv_fields()
-    a = _FWD.new(_lib.GM_DTYPES[like.dtype], *qf, *kf, *vf, *_tf(o), *_tf(lse), *_tf(_bias_f32(bias, like)),
+    a = _FWD.new(_lib.GM_DTYPES[like.dtype], *qf, *kf, *vf, *_tf(o), *_tf(lse), *_tf(_bias_kernels(bias)),
                  *_part_fields(ix), ix.window, ix.scale, _lib.GM_ALGOS[algo])
     _lib.kernel_check(lib, lib.gm_attention_fwd(ctypes.byref(a), _stream(like)), "attention forward")
     return o, lse
@@ -386,7 +391,7 @@ def _kernel_bwd(like, shape, fields, d_o, o, lse, bias, ix: Index, need_dbias: b
     lib = _kernel_lib(like)
     qf, kf, vf, dqf, dkf, dvf = fields()
     a = _BWD.new(_lib.GM_DTYPES[like.dtype], *qf, *kf, *vf, *_tf(_rows(o)), *_tf(_rows(d_o)), *_tf(lse),
-                 *_tf(_bias_f32(bias, like)), *dqf, *dkf, *dvf, *_tf(dbias), *_part_fields(ix), ix.window,
+                 *_tf(_bias_kernels(bias)), *dqf, *dkf, *dvf, *_tf(dbias), *_part_fields(ix), ix.window,
                  ix.scale, _lib.GM_ALGOS[algo])
     call_with_workspace(lib, "gm_attention_bwd", a, like, "attention backward")
     return dbias

@@ -126,9 +126,9 @@ def _grads(x: Tensor, weight: Tensor, need_dw: bool, need_db: bool,
     """dweight and dbias buffers: zeros, or uninitialised where the kernels will write every
     element (``written``: they store their sums, they do not accumulate; a memset launch less)."""
     dt = grad_dtype(x)
-    new = torch.empty if written else torch.zeros
-    dw = new(weight.shape, dtype=dt, device=x.device) if need_dw else None
-    db = new(weight.shape[0], dtype=dt, device=x.device) if need_db else None
+    new = x.new_empty if written else x.new_zeros      # on x's device (Tensor.new_*: less host time)
+    dw = new(weight.shape, dtype=dt) if need_dw else None
+    db = new((weight.shape[0],), dtype=dt) if need_db else None
     return dw, db
 
 

@@ -12,10 +12,11 @@ kernels' time at Swin-B's and Twins-L's shapes (docs/perf/NVIDIA_H200_2026-11-26
 ``torch.autograd.Function``. It does so only in plain eager mode: not while compiling or
 tracing (jit, FX), with no dispatch or function mode active (FlopCounterMode, FakeTensorMode,
 ...), no functorch transform, and plain tensors or parameters only. Anything else goes through
-``torch.ops.greenmim``, as before. A backward op (no autograd of its own) runs directly only when
-grad mode is off (a normal backward), so a double backward still reaches the custom op and its
-error. Both paths run
-the same code, so they agree bit for bit (tests/test_ops.py). ``GREENMIM_EAGER_DISPATCH=1`` in
+``torch.ops.greenmim``, as before. With grad mode off (a normal backward, ``no_grad``, inference)
+every op runs its implementation alone; with it on, a forward op runs through its Function and a
+backward op (no autograd of its own) goes to the custom op, so a double backward still reaches the
+custom op and its error. Both paths run the same code, so they agree bit for bit
+(tests/test_ops.py). The host time per call is ``bench/op_overhead.py``'s (docs/perf/kernel-journal.md). ``GREENMIM_EAGER_DISPATCH=1`` in
 the environment sends every call through the dispatcher (an A/B switch for benchmarks, and an
 escape hatch).
 """
@@ -134,8 +135,11 @@ def call(name: str, *args):
     every tensor argument, and those in list arguments, a plain tensor or parameter (the first
     argument, the features, must be one: an FX proxy is not)."""
     if type(args[0]) in _PLAIN and _eager_only() and _plain(args):
+        if not torch.is_grad_enabled():          # no graph to record (a backward, no_grad, inference):
+            _state.calls += 1                    # the implementation alone (the Function would only
+            return _impls[name](*args)           # make and fill a context nobody reads)
         f = _appliers.get(name)
-        if f is not None or not torch.is_grad_enabled():
+        if f is not None:
             _state.calls += 1
-            return f(*args) if f is not None else _impls[name](*args)
+            return f(*args)
     return getattr(torch.ops.greenmim, name)(*args)

@@ -379,3 +379,9 @@ def test_index_checks_remembered_only_while_the_index_is_unchanged(emulated):
                      lambda: greenmim.partition_tokens(x, part)):
             with pytest.raises(GreenmimError, match="gather must be a 1-D int32 tensor"):
                 call()
+        with torch.inference_mode():            # inference tensors have no version: checked every call
+            part = _case(dtype=dt, heads=1, head_dim=32 if emulated else 4)[0]
+            x = torch.randn(2, part.num_tokens, 8, dtype=dt)
+            y = greenmim.partition_tokens(x, part)
+            assert _backend.known_index(_backend.Index.tensors(part), part.group_size) is None
+            assert torch.equal(greenmim.unpartition_tokens(y, part), x)
