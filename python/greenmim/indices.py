@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import math
-import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Iterable, List, Optional, Tuple
@@ -28,7 +27,7 @@ import torch
 from torch import Tensor
 
 from . import _backend, _lib
-from ._arena import ArenaPlan, arena_views, plan_arena
+from ._arena import ArenaPlan, PartitionLayout, PlanLayout, StageLayout, StructReader, arena_views, plan_arena
 from ._lib import GreenmimError
 
 
@@ -105,50 +104,34 @@ class MaskPlan(ArenaPlan):
     (:meth:`to`), pinning it (:meth:`pin_memory`, which a DataLoader calls) or sending it to
     another process (pickling, as DataLoader workers do) moves that one tensor (_arena.py)."""
 
-    def __init__(self, arena: Tensor, layout: tuple):
-        super().__init__(arena, layout)
-        self.per_sample, self.num_masks, self.patch_grid, self.build_us = layout[:4]
+    @staticmethod
+    def _head(v: tuple) -> Tuple[int, float]:
+        _, _, _, m, us = _reader()
+        return v[m], v[us]
+
+    _parse = staticmethod(lambda *wire: _layout(*wire))
 
     def _build_stages(self) -> List["StagePlan"]:
-        arena, layout = self.arena, self.layout
-        per_sample, num_masks, patch_grid, build_us, stages = layout
-        view = arena_views(arena, self._ranges(layout))    # every array of the arena, in arena order
+        layout = self.layout
+        view = arena_views(self.arena, self._ranges(layout))    # every array of the arena, in arena order
         out: List[StagePlan] = []
-        for (H, W, N, parts, position, merge, cu, rank) in stages:
+        for st in layout.stages:
             made = []
-            for (G, ng, nw, win, sh, exhausted, cost, lb, us, arrays) in parts:
-                g, sc, sw, co = (view(r) for r in arrays)
-                made.append(StagePartition(g, sc, sw, co, None, group_size=G, num_groups=ng, num_tokens=N, window=win,
-                                           shift=sh, cost=cost, lower_bound=lb, plan_us=us,
-                                           budget_exhausted=bool(exhausted)))
-            if parts[1] == parts[0]:
+            for p in st.partitions:
+                made.append(StagePartition(*(view(r) for r in p.arrays), None, group_size=p.group_size,
+                                           num_groups=p.num_groups, num_tokens=st.num_tokens, window=p.window,
+                                           shift=p.shift, cost=p.cost, lower_bound=p.lower_bound, plan_us=p.plan_us,
+                                           budget_exhausted=bool(p.budget_exhausted)))
+            if st.partitions[1] == st.partitions[0]:
                 made[1] = made[0]
+            H, W = st.height, st.width
             out.append(StagePlan(grid=(H, W), partitions=(made[0], made[1]),
-                                         merge=view(merge).view(-1, 4) if merge[1] else None,
-                                         cu_seqlens=view(cu) if per_sample else None, position=view(position),
-                                         unit_rank=view(rank).view(num_masks, H * W) if rank[1] else None,
-                                         num_masks=num_masks))
+                                 merge=view(st.merge).view(-1, 4) if st.merge[1] else None,
+                                 cu_seqlens=view(st.cu_seqlens) if layout.per_sample else None,
+                                 position=view(st.position),
+                                 unit_rank=view(st.unit_rank).view(layout.num_masks, H * W) if st.unit_rank[1] else None,
+                                 num_masks=layout.num_masks))
         return out
-
-    # ---- the arena layout, for ArenaPlan's padded() / shape_key() ---------------------------------
-
-    @staticmethod
-    def _ranges(layout: tuple):
-        return (r for st in layout[4] for r in (*(x for p in st[3] for x in p[9]), *st[4:8]))
-
-    @staticmethod
-    def _partitions(layout: tuple):
-        return tuple(st[3] for st in layout[4])
-
-    @staticmethod
-    def _relayout(layout: tuple, counts, new, exhausted=None) -> tuple:
-        per_sample, num_masks, patch_grid, build_us, stages = layout
-        out = []
-        for (H, W, N, parts, position, merge, cu, rank), w in zip(stages, counts):
-            parts = tuple((p[0], n, *p[2:5], p[5] if exhausted is None else exhausted, *p[6:9],
-                           tuple(new(r) for r in p[9])) for p, n in zip(parts, w))
-            out.append((H, W, N, parts, new(position), new(merge), new(cu), new(rank)))
-        return (per_sample, num_masks, patch_grid, build_us, tuple(out))
 
     def __repr__(self) -> str:
         kind = f"{self.num_masks} per-sample masks" if self.per_sample else "one shared mask"
@@ -353,48 +336,46 @@ def merge_indices(visible: Tensor, device=None) -> Tensor:
     return out[: n.value].view(-1, 4).to(device if device is not None else visible.device, torch.int64)
 
 
-def _struct_format(cls, base: int = 0, at: int = 0) -> Tuple[str, int]:
-    """A ``struct`` format reading every scalar of the ctypes structure ``cls`` in field order,
-    padding taken from ctypes' own offsets (so it follows the C layout the library checks)."""
-    codes = {ctypes.c_int32: "i", ctypes.c_int64: "q", ctypes.c_double: "d"}
-    fmt = ""
-    for name, typ in cls._fields_:
-        off = base + getattr(cls, name).offset
-        elem, count = (typ._type_, typ._length_) if issubclass(typ, ctypes.Array) else (typ, 1)
-        for i in range(count):
-            o = off + i * ctypes.sizeof(elem)
-            if issubclass(elem, ctypes.Structure):
-                f, at = _struct_format(elem, o, at)
-                fmt += f
-            else:
-                fmt += "x" * (o - at) + codes[elem]
-                at = o + ctypes.sizeof(elem)
-    return fmt, at
+class MaskStageLayout(StageLayout):
+    """One stage of a :class:`MaskPlan`'s layout (gmh_plan_stage): its token grid and count, its
+    plain and shifted partitions, and the ranges of its other arrays."""
+    __slots__ = ()
+    _fields = ("height", "width", "num_tokens", "partitions", "position", "merge", "cu_seqlens", "unit_rank")
+    _range_fields = ("position", "merge", "cu_seqlens", "unit_rank")
+
+    def partition_layouts(self) -> Tuple[PartitionLayout, ...]:
+        return self.partitions
+
+    def with_partition_layouts(self, parts) -> "MaskStageLayout":
+        return self._replace(partitions=tuple(parts))
 
 
-_INFO_FORMAT = None
-_PART_FIELDS, _STAGE_FIELDS = 9 + 4 * 2, 4 + 2 * (9 + 4 * 2) + 4 * 2
+_READ = None   # (reader of gmh_encoder_info, the parse of a plan of n stages for each n)
 
 
-def _layout(info, per_sample: bool, patch_grid: Tuple[int, int]) -> tuple:
-    """The arena's layout as plain Python data (picklable), read from the info struct in one
-    ``struct.unpack_from``."""
-    global _INFO_FORMAT
-    if _INFO_FORMAT is None:
-        _INFO_FORMAT = struct.Struct("=" + _struct_format(_lib.EncoderInfo)[0])
-    v = _INFO_FORMAT.unpack_from(info)
-    num_stages, num_masks, build_us = v[0], v[1], v[3]
-    pair = lambda i: (v[i], v[i + 1])
-    stages = []
-    for k in range(num_stages):
-        b = 4 + k * _STAGE_FIELDS
-        parts = []
-        for j in range(2):
-            p = b + 4 + j * _PART_FIELDS
-            parts.append((*v[p:p + 9], tuple(pair(p + 9 + 2 * r) for r in range(4))))
-        q = b + 4 + 2 * _PART_FIELDS
-        stages.append((v[b], v[b + 1], v[b + 2], tuple(parts), pair(q), pair(q + 2), pair(q + 4), pair(q + 6)))
-    return (per_sample, int(num_masks), patch_grid, float(build_us), tuple(stages))
+def _reader():
+    global _READ
+    if _READ is None:
+        r = StructReader(_lib.EncoderInfo)
+
+        def stage(k: int) -> str:
+            at = ("stage", k)
+            return (f"_new(MaskStageLayout, ({r.at(*at, 'height')}, {r.at(*at, 'width')}, {r.at(*at, 'num_tokens')}, "
+                    f"({r.partition(*at, 'part', 0)}, {r.partition(*at, 'part', 1)}), "
+                    f"*{r.ranges(*at, names=MaskStageLayout._range_fields)}))")
+
+        parse = [r.compile(f"_new(PlanLayout, (per_sample, {r.at('num_masks')}, patch_grid, {r.at('build_us')}, "
+                           f"({''.join(stage(k) + ', ' for k in range(n))})))", MaskStageLayout=MaskStageLayout)
+                 for n in range(_lib.GMH_MAX_STAGES + 1)]
+        _READ = (r, parse, r.index[("num_stages",)], r.index[("num_masks",)], r.index[("build_us",)])
+    return _READ
+
+
+def _layout(per_sample: bool, patch_grid: Tuple[int, int], extra, v: tuple) -> PlanLayout:
+    """The arena's layout as named records, from gmh_encoder_info's values (read by field
+    name: :func:`_reader`)."""
+    _, parse, n, _, _ = _reader()
+    return parse[v[n]](per_sample, patch_grid, extra, v)
 
 
 def _build_plan(host: Tensor, per_sample: bool, grid: int, window: int, num_stages: int, embed_dim: int,
@@ -404,7 +385,7 @@ def _build_plan(host: Tensor, per_sample: bool, grid: int, window: int, num_stag
                          _lib.STRATEGIES[strategy], group_size, max_group_size)
     info = _lib.EncoderInfo()
     arena = plan_arena("encoder", a, info, "plan")
-    return MaskPlan(arena, _layout(info, per_sample, (grid, grid)))
+    return MaskPlan(arena, wire=(per_sample, (grid, grid), None, _reader()[0].read(info, info.num_stages)))
 
 
 def plan_inputs(visible: Tensor, strategy: str, img_size: int, patch_size: int, max_group_size: Optional[int],
