@@ -26,11 +26,11 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from . import _lib, indices
+from . import _lib, mask_plan
 from ._arena import ArenaPlan, PartitionLayout, PlanLayout, StageLayout, StructReader, arena_views, plan_arena
 from ._lib import GreenmimError
 from .conv_tables import BlockTable, NeighborTable, mark_valid
-from .indices import StagePartition
+from .mask_plan import StagePartition
 
 
 @dataclass(eq=False)
@@ -181,7 +181,7 @@ def plan_twins(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, win
     sub-sampling ``sr_ratios[s]`` (both must divide the stage's grid), ``channels[s]`` for the
     planner's cost model. ``strategy``, ``group_size`` (-1: each stage's window area, for
     torch.compile), ``max_group_size``, ``device`` and ``cache`` as :func:`greenmim.plan_masks`."""
-    host, per_sample, device, cap = indices.plan_inputs(visible, strategy, img_size, patch_size, max_group_size,
+    host, per_sample, device, cap = mask_plan.plan_inputs(visible, strategy, img_size, patch_size, max_group_size,
                                                         device)
     S = len(windows)
     if not (len(sr_ratios) == len(channels) == S) or not 1 <= S <= _lib.GMH_MAX_STAGES:
@@ -190,7 +190,7 @@ def plan_twins(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, win
     geo = (img_size, patch_size, tuple(windows), tuple(sr_ratios), tuple(channels), strategy, group_size, cap)
     if cache:
         key = ("twins", host.numpy().tobytes(), tuple(host.shape), per_sample, geo, str(device))
-        hit = indices._plan_cache.get(key)
+        hit = mask_plan.plan_cache.get(key)
         if hit is not None:
             return hit
     M, h, w = host.shape
@@ -206,7 +206,7 @@ def plan_twins(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, win
     plan = TwinsPlan(arena, wire=(per_sample, (grid, grid), tuple(int(r) for r in sr_ratios),
                                   _reader()[0].read(info, info.num_stages))).to(device)
     if cache:
-        indices._plan_cache.put(key, plan)
+        mask_plan.plan_cache.put(key, plan)
     return plan
 
 

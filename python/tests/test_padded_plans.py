@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import greenmim
-from greenmim import GreenmimError, indices
+from greenmim import GreenmimError, mask_plan as indices
 
 NANO = "green_mim_swin_nano_patch4_dec128b1"
 
