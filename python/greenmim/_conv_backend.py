@@ -75,10 +75,14 @@ def check_block(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor
 
 
 def _weights(t: Optional[Tensor], x: Tensor) -> Optional[Tensor]:
-    """Weights as the library takes them: float32 on the kernels, x's dtype on the reference."""
+    """Weights as the library takes them: float32 on the kernels, x's dtype on the reference. The
+    library reads only their memory: a weight already so (and contiguous) is passed as it is."""
     if t is None:
         return None
-    return t.detach().to(torch.float32 if uses_kernels(x) else x.dtype).contiguous()
+    dt = torch.float32 if uses_kernels(x) else x.dtype
+    if t.dtype == dt and t.is_contiguous():
+        return t                # detach().to().contiguous() would be a view of this memory
+    return t.detach().to(dt).contiguous()
 
 
 def _host_args(x: Tensor, table: Tensor, size: int, residual: bool, **tensors) -> _lib.HostConvArgs:
@@ -92,28 +96,24 @@ def _host_args(x: Tensor, table: Tensor, size: int, residual: bool, **tensors) -
     return a
 
 
-def _kernel_args(struct, x: Tensor, weight: Tensor, bias, dweight, dbias, **tensors):
-    a = struct()
-    a.dtype = _lib.GM_DTYPES[x.dtype]
-    a.x = _lib.tensor(x)
-    for name, t in tensors.items():
-        setattr(a, name, _lib.tensor(t))
-    a.weight = weight.data_ptr()
-    a.bias = bias.data_ptr() if bias is not None else None
-    a.dweight = dweight.data_ptr() if dweight is not None else None
-    a.dbias = dbias.data_ptr() if dbias is not None else None
-    return a
+# The kernels' argument structs, each written in one call (_lib.Packer: the eager step's host time)
+_DW, _BC = _lib.Packer(_lib.DepthwiseConvArgs), _lib.Packer(_lib.BlockConvArgs)
+_tf, _NULL = _lib.tensor_fields, _lib.NULL_TENSOR
+
+
+def _ptr(t: Optional[Tensor]) -> int:
+    return t.data_ptr() if t is not None else 0
 
 
 def depthwise_fwd(x: Tensor, nbr: Tensor, weight: Tensor, bias: Optional[Tensor], residual: bool) -> Tensor:
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = x.new_empty(x.shape)
     if y.numel() == 0:
         return y
     w, b = _weights(weight, x).view(-1, 9), _weights(bias, x)
     if uses_kernels(x):
         lib = _kernel_lib(x)
-        a = _kernel_args(_lib.DepthwiseConvArgs, _rows(x), w, b, None, None, y=y)
-        a.nbr, a.kernel, a.residual = nbr.data_ptr(), 3, int(residual)
+        a = _DW.new(_lib.GM_DTYPES[x.dtype], *_tf(_rows(x)), *_tf(y), *_NULL, *_NULL, nbr.data_ptr(), 3, w.data_ptr(),
+                    _ptr(b), 0, 0, int(residual))
         _lib.kernel_check(lib, lib.gm_depthwise_conv_fwd(ctypes.byref(a), _stream(x)), "depthwise conv forward")
     else:
         a = _host_args(x, nbr, 3, residual, y=y, weight=w, bias=b)
@@ -126,15 +126,15 @@ def _grads(x: Tensor, weight: Tensor, need_dw: bool, need_db: bool,
     """dweight and dbias buffers: zeros, or uninitialised where the kernels will write every
     element (``written``: they store their sums, they do not accumulate; a memset launch less)."""
     dt = grad_dtype(x)
-    new = torch.empty if written else torch.zeros
-    dw = new(weight.shape, dtype=dt, device=x.device) if need_dw else None
-    db = new(weight.shape[0], dtype=dt, device=x.device) if need_db else None
+    new = x.new_empty if written else x.new_zeros      # on x's device (Tensor.new_*: less host time)
+    dw = new(weight.shape, dtype=dt) if need_dw else None
+    db = new((weight.shape[0],), dtype=dt) if need_db else None
     return dw, db
 
 
 def depthwise_bwd(dy: Tensor, x: Tensor, nbr: Tensor, weight: Tensor, residual: bool, need_dw: bool,
                   need_db: bool) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = x.new_empty(x.shape)
     dw, db = _grads(x, weight, need_dw, need_db, written=uses_kernels(x) and x.numel() > 0)
     if x.numel() == 0:
         return dx, dw, db
@@ -142,8 +142,8 @@ def depthwise_bwd(dy: Tensor, x: Tensor, nbr: Tensor, weight: Tensor, residual: 
     dw9 = dw.view(-1, 9) if dw is not None else None
     if uses_kernels(x):
         lib = _kernel_lib(x)
-        a = _kernel_args(_lib.DepthwiseConvArgs, _rows(x), w, None, dw9, db, dy=_rows(dy), dx=dx)
-        a.nbr, a.kernel, a.residual = nbr.data_ptr(), 3, int(residual)
+        a = _DW.new(_lib.GM_DTYPES[x.dtype], *_tf(_rows(x)), *_NULL, *_tf(_rows(dy)), *_tf(dx), nbr.data_ptr(), 3,
+                    w.data_ptr(), 0, _ptr(dw9), _ptr(db), int(residual))
         call_with_workspace(lib, "gm_depthwise_conv_bwd", a, x, "depthwise conv backward")
     else:
         a = _host_args(x, nbr, 3, residual, dy=dy, dx=dx, weight=w, dweight=dw9, dbias=db)
@@ -325,7 +325,7 @@ def _block_bwd_gemm(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, dx: T
 
 def block_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor], fused: bool = False) -> Tensor:
     B, s = x.shape[0], weight.shape[2]
-    y = torch.empty((B, gather.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+    y = x.new_empty((B, gather.shape[0], weight.shape[0]))
     if y.numel() == 0:
         return y
     if x.shape[1] == 0 or x.shape[2] == 0:       # every input masked or no channel: the bias alone
@@ -336,8 +336,8 @@ def block_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor],
     w, b = _weights(weight, x), _weights(bias, x)
     if uses_kernels(x):
         lib = _kernel_lib(x)
-        a = _kernel_args(_lib.BlockConvArgs, _rows(x), w, b, None, None, y=y)
-        a.gather, a.stride = gather.data_ptr(), s
+        a = _BC.new(_lib.GM_DTYPES[x.dtype], *_tf(_rows(x)), *_tf(y), *_NULL, *_NULL, gather.data_ptr(), s,
+                    w.data_ptr(), _ptr(b), 0, 0)
         call_with_workspace(lib, "gm_block_conv_fwd", a, x, "block conv forward")
     else:
         a = _host_args(x, gather, s, False, y=y, weight=w, bias=b)
@@ -347,7 +347,7 @@ def block_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor],
 
 def block_bwd(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, need_dw: bool,
               need_db: bool, fused: bool = False) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)   # overwritten (0 for tokens in no block)
+    dx = x.new_empty(x.shape)   # overwritten (0 for tokens in no block)
     dw, db = _grads(x, weight, need_dw, need_db, written=uses_kernels(x) and dy.numel() > 0 and x.numel() > 0)
     if dy.numel() == 0 or x.numel() == 0:
         dx.zero_()
@@ -360,8 +360,8 @@ def block_bwd(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, need_dw: bo
     w = _weights(weight, x)
     if uses_kernels(x):
         lib = _kernel_lib(x)
-        a = _kernel_args(_lib.BlockConvArgs, _rows(x), w, None, dw, db, dy=_rows(dy), dx=dx)
-        a.gather, a.stride = gather.data_ptr(), weight.shape[2]
+        a = _BC.new(_lib.GM_DTYPES[x.dtype], *_tf(_rows(x)), *_NULL, *_tf(_rows(dy)), *_tf(dx), gather.data_ptr(),
+                    weight.shape[2], w.data_ptr(), 0, _ptr(dw), _ptr(db))
         call_with_workspace(lib, "gm_block_conv_bwd", a, x, "block conv backward")
     else:
         a = _host_args(x, gather, weight.shape[2], False, dy=dy, dx=dx, weight=w, dweight=dw, dbias=db)

@@ -44,8 +44,16 @@ def _check_devices(where: str, like: Tensor, **tensors: Optional[Tensor]) -> Non
 
 
 def _check_partition_device(where: str, x: Tensor, part) -> None:
-    """``part``: a StagePartition, an Index, or an op's ``index`` list (the four index tensors)."""
+    """``part``: a StagePartition, an Index, or an op's ``index`` list (the four index tensors).
+    Index tensors that passed the ops' index checks before, unchanged, are on one device
+    (_backend.known_index): one comparison then does."""
     tensors = Index.tensors(part) if hasattr(part, "gather") else list(part)
+    known = None
+    if not torch.compiler.is_compiling():   # dynamo would guard on the cache (a recompile per step)
+        known = part.known if type(part) is Index else \
+            (_backend.known_index(tensors, None) if len(tensors) == 4 else None)
+    if known is not None and known.device == x.device:
+        return
     _check_devices(where, x, **dict(zip(Index._fields, tensors)))
 
 
@@ -130,10 +138,21 @@ _eager.register_autograd("attention_fwd", _fwd_backward, _fwd_setup)
 @_eager.op("attention_packed_fwd")
 def _attention_packed_fwd(qkv: Tensor, bias: Optional[Tensor], index: List[Tensor], group_size: int, window: int,
                           scale: float, algo: str) -> Tuple[Tensor, Tensor]:
-    q, k, v = _split_packed(qkv)
     ix = Index.of(index, group_size, window, scale)
+    fields = _packed_kernel_fields(qkv)
+    if fields is not None and _backend.check_packed_inputs(qkv, bias, ix):
+        return _backend.attention_packed_fwd(qkv, bias, ix, algo, fields)
+    q, k, v = _split_packed(qkv)
     _backend.check_inputs(q, k, v, bias, ix)
     return _backend.attention_fwd(q, k, v, bias, ix, algo)
+
+
+def _packed_kernel_fields(qkv: Tensor) -> Optional[tuple]:
+    """On the kernels, the C views of ``qkv.unbind(2)`` made without the views (_backend.packed_fields:
+    the packed ops' host time); None elsewhere, or for a qkv the unbind path refuses or copies."""
+    if qkv.dim() != 5 or qkv.shape[2] != 3 or not _backend.uses_kernels(qkv):
+        return None
+    return _backend.packed_fields(qkv)
 
 
 @_attention_packed_fwd.register_fake
@@ -148,11 +167,17 @@ def _(qkv, bias, index, group_size, window, scale, algo):
 def _attention_packed_bwd(d_o: Tensor, qkv: Tensor, o: Tensor, lse: Tensor, bias: Optional[Tensor],
                           index: List[Tensor], group_size: int, window: int, scale: float, algo: str,
                           need_dbias: bool) -> Tuple[Tensor, Tensor]:
+    fields = _packed_kernel_fields(qkv)
+    ix = Index.of(index, group_size, window, scale)
+    if fields is not None:                 # the kernels, without the six unbind views
+        dqkv = qkv.new_empty(qkv.shape)
+        db = _backend.attention_packed_bwd(d_o, qkv, o, lse, bias, ix, fields, _backend.packed_fields(dqkv),
+                                           need_dbias, algo)
+        return dqkv, db if db is not None else qkv.new_empty((0,))
     q, k, v = _split_packed(qkv)
     dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
     dq, dk, dv = dqkv.unbind(2)
-    db = _backend.attention_bwd(d_o, q, k, v, o, lse, bias, Index.of(index, group_size, window, scale), dq, dk, dv,
-                                need_dbias, algo)
+    db = _backend.attention_bwd(d_o, q, k, v, o, lse, bias, ix, dq, dk, dv, need_dbias, algo)
     return dqkv, db if db is not None else qkv.new_empty((0,))
 
 
@@ -190,6 +215,13 @@ _eager.register_autograd("attention_packed_fwd", _packed_backward, _packed_setup
 def _check_tokens(x: Tensor, ix: Index, slots_axis: bool) -> None:
     if x.dim() != 3:
         raise _backend.GreenmimError(f"greenmim: features must be [B, tokens, C], got {tuple(x.shape)}")
+    known = ix.known or _backend.remember_index(ix[:4], ix.group_size)
+    if known is not None and known.device == x.device:     # the index passed its checks: the row count
+        want = known.slots if slots_axis else known.tokens
+        if x.shape[1] != want:
+            what = "slots (num_groups * G)" if slots_axis else "tokens"
+            raise _backend.GreenmimError(f"greenmim: features have {x.shape[1]} rows, the partition has {want} {what}")
+        return
     for n, t in (("gather", ix.gather), ("scatter", ix.scatter)):
         if t.dtype != torch.int32 or t.dim() != 1 or t.device != x.device:
             raise _backend.GreenmimError(f"greenmim: {n} must be a 1-D int32 tensor on {x.device}")
@@ -254,7 +286,9 @@ def _resolve(q: Tensor, part, window: Optional[int], scale: Optional[float]) -> 
     """The partition with the attention's window and scale, as the library reads it."""
     w = part.window if window is None else int(window)
     s = float(q.shape[-1]) ** -0.5 if scale is None else float(scale)
-    return Index(*Index.tensors(part), part.group_size, w, s)
+    tensors = Index.tensors(part)
+    known = None if torch.compiler.is_compiling() else _backend.known_index(tensors, part.group_size)
+    return Index(*tensors, part.group_size, w, s, known)
 
 
 def _autocast(*ts: Tensor) -> List[Tensor]:

@@ -321,3 +321,67 @@ def test_eager_fast_path_steps_aside_under_jit_trace():
     assert _eager.fast_calls() == before
     assert "greenmim::partition" in str(traced.graph)
     assert torch.equal(traced(x), greenmim.ops.partition_tokens(x, part))
+
+
+def test_argument_structs_written_in_one_call_equal_field_by_field():
+    """_lib.Packer (the ops' argument structs in one struct.pack_into) writes the bytes that
+    setting each ctypes field does, for every kernel struct, with views of rank 1-4, strided,
+    empty and absent (None) tensors."""
+    import ctypes
+    from greenmim import _lib
+    t4 = torch.randn(2, 5, 3, 8)[:, 1:, ::2]                    # strided, rank 4
+    views = [t4, torch.randn(7, 3).t(), torch.randn(6), torch.empty(0, 4), None, torch.randn(2, 3, 4)]
+    part = _case()[0]
+    for cls in (_lib.FwdArgs, _lib.BwdArgs, _lib.PartitionArgs, _lib.DepthwiseConvArgs, _lib.BlockConvArgs):
+        tensor_names = [n for n, t in cls._fields_ if t is _lib.Tensor]
+        picks = [views[(i * 5 + len(cls.__name__)) % len(views)] for i in range(len(tensor_names))]
+        want = cls()
+        values = []
+        for name, typ in cls._fields_:
+            if typ is _lib.Tensor:
+                t = picks[tensor_names.index(name)]
+                setattr(want, name, _lib.tensor(t))
+                values += _lib.tensor_fields(t)
+            elif typ is _lib.Partition:
+                want.part = _lib.partition(part, slot_coord=cls is not _lib.PartitionArgs)
+                values += _lib.partition_fields(part, slot_coord=cls is not _lib.PartitionArgs)
+            else:
+                v = 0.125 if name == "scale" else (0x7fff0000 + len(values) if typ is ctypes.c_void_p else len(values))
+                setattr(want, name, v)
+                values.append(v)
+        assert bytes(_lib.Packer(cls).new(*values)) == bytes(want), cls.__name__
+    with pytest.raises(GreenmimError, match="rank <= 4"):
+        _lib.tensor_fields(torch.randn(1, 1, 1, 1, 1))
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_index_checks_remembered_only_while_the_index_is_unchanged(emulated):
+    """Index tensors that passed the ops' checks are not checked again (_backend.known_index),
+    until one is modified in place (its version moves) or replaced: then the same inputs are
+    refused with the same messages as on a first call."""
+    from greenmim import _backend
+    dt = torch.float32 if emulated else torch.float64
+    with (greenmim.emulate_cuda() if emulated else torch.enable_grad()):
+        part, q, k, v, bias = _case(dtype=dt, heads=1, head_dim=32 if emulated else 4)
+        x = torch.randn(q.shape[0], q.shape[1], 8, dtype=dt)
+        ref = greenmim.ops.partition_tokens(x, part)
+        greenmim.group_window_attention(q, k, v, bias, part, algo="reference")
+        assert _backend.known_index(_backend.Index.tensors(part), part.group_size) is not None
+        assert torch.equal(greenmim.ops.partition_tokens(x, part), ref)
+        n = part.slot_coord.numel()
+        part.slot_coord.resize_(n - 1)                          # in place: the version moves
+        assert _backend.known_index(_backend.Index.tensors(part), part.group_size) is None
+        with pytest.raises(GreenmimError, match="same length"):
+            greenmim.group_window_attention(q, k, v, bias, part, algo="reference")
+        part.slot_coord.resize_(n)
+        part.gather = part.gather.long()                       # replaced: another object
+        for call in (lambda: greenmim.group_window_attention(q, k, v, bias, part, algo="reference"),
+                     lambda: greenmim.ops.partition_tokens(x, part)):
+            with pytest.raises(GreenmimError, match="gather must be a 1-D int32 tensor"):
+                call()
+        with torch.inference_mode():            # inference tensors have no version: checked every call
+            part = _case(dtype=dt, heads=1, head_dim=32 if emulated else 4)[0]
+            x = torch.randn(2, part.num_tokens, 8, dtype=dt)
+            y = greenmim.ops.partition_tokens(x, part)
+            assert _backend.known_index(_backend.Index.tensors(part), part.group_size) is None
+            assert torch.equal(greenmim.ops.unpartition_tokens(y, part), x)
