@@ -20,7 +20,7 @@ import importlib
 import warnings
 
 from ._lib import GreenmimError
-from ._backend import emulate_cuda
+from ._device import emulate_cuda
 from .mask_plan import MaskPlan, clear_cache, group_capacity, plan_masks, random_masks
 from .ops import group_window_attention, group_window_attention_packed
 from .twins_plan import TwinsPlan, TwinsPlanSpec, plan_twins

@@ -13,7 +13,6 @@ the load-time check of that struct's layout (``_lib.check_layouts``) covers ever
 from __future__ import annotations
 
 import ctypes
-import operator
 import struct
 import threading
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -39,8 +38,8 @@ class Record(tuple):
         super().__init_subclass__(**kw)
         if "__slots__" not in cls.__dict__:
             raise TypeError(f"{cls.__name__}: a Record declares __slots__ = () (no per-instance dict)")
-        for i, f in enumerate(cls.__dict__.get("_fields", ())):
-            setattr(cls, f, property(operator.itemgetter(i), doc=f"field {i} of {cls.__name__}"))
+        for i, f in enumerate(cls.__dict__.get("_fields", ())):    # plain functions: dynamo traces them
+            setattr(cls, f, property(eval(f"lambda self: self[{i}]"), doc=f"field {i} of {cls.__name__}"))
 
     @classmethod
     def of(cls, **fields):
@@ -74,11 +73,12 @@ class StageLayout(Record):
     ranges of its other arrays (the fields named in ``_range_fields``)."""
     __slots__ = ()
     _range_fields: Tuple[str, ...] = ()
+    _range_index: Tuple[int, ...] = ()
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
         if cls._range_fields:
-            cls._get_ranges = staticmethod(operator.itemgetter(*(cls._fields.index(f) for f in cls._range_fields)))
+            cls._range_index = tuple(cls._fields.index(f) for f in cls._range_fields)
 
     def partition_layouts(self) -> Tuple[PartitionLayout, ...]:
         raise NotImplementedError
@@ -89,7 +89,7 @@ class StageLayout(Record):
     def ranges(self) -> List[Range]:
         """Every array's (offset, size): the partitions', then the stage's own."""
         out = [r for p in self.partition_layouts() for r in p.arrays]
-        out += self._get_ranges(self)
+        out += [self[i] for i in self._range_index]
         return out
 
 

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _backend, _lib
+from . import _device, _lib
 from ._lib import GreenmimError
 from .mask_plan import StagePartition, partition_cache, window_geometry
 
@@ -46,7 +46,7 @@ def stage_partition(visible: Tensor, window: int, shift: int, channels: int, str
     device = torch.device(device) if device is not None else visible.device
     host = _host_bytes(visible)
     key = (host.numpy().tobytes(), tuple(host.shape), window, shift, channels, strategy, group_size, max_group_size,
-           str(device), _backend.emulating())
+           str(device), _device.emulating())
     if cache:
         hit = partition_cache.get(key)
         if hit is not None:
@@ -55,7 +55,7 @@ def stage_partition(visible: Tensor, window: int, shift: int, channels: int, str
         auto = strategy in ("fast", "paper") and group_size == 0
         eff = window_geometry(visible.shape[-2], visible.shape[-1], window, shift)[0]
         max_group_size = _lib.host().gmh_fast_path_max_group(eff) if auto else 0
-    if device.type == "cuda" or (device.type == "cpu" and _backend.emulating()):
+    if device.type == "cuda" or (device.type == "cpu" and _device.emulating()):
         part = _device_partition(visible.to(device, torch.uint8).contiguous(), window, shift, channels, strategy,
                                  group_size, max_group_size)
     else:
@@ -90,7 +90,7 @@ def _host_partition(host: Tensor, window, shift, channels, strategy, group_size,
 def _device_partition(mask: Tensor, window, shift, channels, strategy, group_size, max_group_size) -> StagePartition:
     """kernels.h's flow: select visible -> token windows and window sizes -> (host) plan -> build."""
     lib = _lib.kernels(emulated=mask.device.type != "cuda")
-    stream = _backend._stream(mask)
+    stream = _device.stream(mask)
     M, H, W = mask.shape
     win, sh, nw_per = window_geometry(H, W, window, shift)
     cap = M * H * W
@@ -104,7 +104,7 @@ def _device_partition(mask: Tensor, window, shift, channels, strategy, group_siz
     positions, count = torch.empty(cap, **i32), torch.empty(1, **i32)
     check(lib.gm_select_visible(None, ctypes.byref(tmp), mask.data_ptr(), M, H, W, positions.data_ptr(),
                                 count.data_ptr(), stream), "select visible")
-    temp, temp_ptr = _backend.device_buffer(tmp.value, mask)
+    temp, temp_ptr = _device.device_buffer(tmp.value, mask)
     check(lib.gm_select_visible(temp_ptr, ctypes.byref(tmp), mask.data_ptr(), M, H, W, positions.data_ptr(),
                                 count.data_ptr(), stream), "select visible")
     geom = _lib.WindowGeometry(H, W, win, sh)
@@ -130,7 +130,7 @@ def _device_partition(mask: Tensor, window, shift, channels, strategy, group_siz
                       M * nw_per, d_group.data_ptr(), d_offset.data_ptr(), G, ng, gather.data_ptr(),
                       scatter.data_ptr(), slot_window.data_ptr(), slot_coord.data_ptr(), stream)
     check(lib.gm_build_partition(*args(None)), "build partition")
-    temp, temp_ptr = _backend.device_buffer(tmp.value, mask)
+    temp, temp_ptr = _device.device_buffer(tmp.value, mask)
     check(lib.gm_build_partition(*args(temp_ptr)), "build partition")
     return StagePartition(gather, scatter, slot_window, slot_coord, token_window[:N].clone(), group_size=G,
                           num_groups=ng, num_tokens=N, window=win, shift=sh, cost=info.cost,

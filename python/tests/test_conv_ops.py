@@ -147,12 +147,12 @@ def test_opcheck():
 @pytest.mark.parametrize("holes", [True, False])
 def test_block_conv_gemm_path_equals_reference(holes, kernels):
     """The CUDA default (the blocks' rows gathered, torch GEMMs, dx scattered back:
-    _conv_backend._block_*_gemm) against the Eigen reference: forward, dx, dweight, dbias; shared
+    _conv_abi._block_*_gemm) against the Eigen reference: forward, dx, dweight, dbias; shared
     and per-sample masks, strided rows, masks aligned to the blocks (no holes) or not. `kernels`:
     the gather and scatter on the library's row copies (the emulator, float32, inside a bf16
     autocast region), else torch's (float64)."""
     import contextlib
-    from greenmim import _conv_backend as cb
+    from greenmim import _conv_abi as cb
     g = torch.Generator().manual_seed(11)
     @contextlib.contextmanager
     def emulated_under_autocast():   # an autocast region of another dtype must not leak into the GEMMs
@@ -304,7 +304,7 @@ def test_w_prime_gradient_is_one_copy_in_the_weights_layout(fmt):
     (autograd's own backward of the permuting cast made two: a cast in W''s order, then
     AccumulateGrad's clone into the weight's strides; a contiguous gradient for a channels_last
     weight would be cloned too), with the values of the plain permute."""
-    from greenmim._conv_backend import _w_prime_view, w_prime
+    from greenmim._conv_abi import _w_prime_view, w_prime
 
     for s, morton in ((1, False), (2, True), (4, True), (8, True), (3, False)):
         w = torch.randn(6, 5, s, s).to(memory_format=fmt).requires_grad_(True)
@@ -331,7 +331,7 @@ def test_reshape_path_weight_order_and_no_host_tensors():
     """W' of the reshape path has tap (i, j) at Morton rank (i, j) for every power-of-two stride,
     and the path makes no tensor from host data (lift_fresh: torch.tensor of a list), which a CUDA
     graph cannot capture (a device run found such a copy and the Twins step lost its graphs)."""
-    from greenmim._conv_backend import w_prime
+    from greenmim._conv_abi import w_prime
     from greenmim.conv_tables import morton_rank
     for s in (1, 2, 4, 8, 16):
         w = torch.randn(3, 5, s, s, dtype=D)
@@ -365,7 +365,7 @@ def test_block_conv_refuses_features_of_another_token_count_on_every_path():
 def test_block_conv_row_copy_refuses_mismatched_dtypes():
     """The gather + GEMM path's row copies move bytes: tokens and slots of different dtypes are
     refused (a bf16 dA copied into a float32 dx would be garbage), and nothing is written."""
-    from greenmim import _conv_backend as cb
+    from greenmim import _conv_abi as cb
     mask = stage_mask(8, None, True, torch.Generator().manual_seed(12), keep=0.5)
     bt = greenmim.conv_tables.block_table(mask, 2, cache=False)
     x = torch.randn(1, bt.num_inputs, 8)
@@ -449,9 +449,9 @@ def test_bad_input_is_refused_with_the_reason():
 
 @pytest.mark.parametrize("emulated", [False, True])
 def test_eager_fast_path_is_taken_and_equals_the_custom_op(emulated):
-    """In plain eager mode the ops skip the dispatcher (greenmim._eager); the results and every
+    """In plain eager mode the ops skip the dispatcher (greenmim._dispatch); the results and every
     gradient are bitwise those of the custom ops, on the CPU reference and on the kernels."""
-    from greenmim import _eager
+    from greenmim import _dispatch as _eager
     g = torch.Generator().manual_seed(11)
     mask = stage_mask(16, 2, True, g, keep=0.4)
     nt, bt = greenmim.conv_tables.neighbor_table(mask, cache=False), greenmim.conv_tables.block_table(mask, 4, cache=False)

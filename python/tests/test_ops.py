@@ -258,10 +258,10 @@ def test_a_plan_on_another_device_is_refused_by_every_op(plan_dev, data_dev):
 
 @pytest.mark.parametrize("emulated", [False, True])
 def test_eager_fast_path_is_taken_and_equals_the_custom_op(emulated):
-    """In plain eager mode the ops skip the dispatcher (greenmim._eager); outputs and gradients
+    """In plain eager mode the ops skip the dispatcher (greenmim._dispatch); outputs and gradients
     are bitwise the custom ops'. Under a dispatch mode (FlopCounterMode) the custom ops run."""
     from torch.utils.flop_counter import FlopCounterMode
-    from greenmim import _eager, flops as gm_flops
+    from greenmim import _dispatch as _eager, flops as gm_flops
     dt = torch.float32 if emulated else torch.float64
     part, q, k, v, bias = _case(batch=2, dtype=dt, heads=1, head_dim=32 if emulated else 4)   # kernels: 32 or 64
     qkv = torch.stack([q, k, v], 2)
@@ -297,7 +297,7 @@ def test_eager_dispatch_switch_sends_every_call_through_the_dispatcher():
     import os
     import subprocess
     import sys
-    code = ("import torch, greenmim; from greenmim import _eager; x = torch.randn(1, 4, 2); "
+    code = ("import torch, greenmim; from greenmim import _dispatch as _eager; x = torch.randn(1, 4, 2); "
             "m = torch.zeros(8, 8, dtype=torch.bool); m[:4, :4] = True; "
             "p = greenmim.testing.stage_partition(m, 4, 0, channels=2, cache=False); "
             "greenmim.ops.partition_tokens(torch.randn(1, p.num_tokens, 2), p); print(_eager.fast_calls())")
@@ -311,7 +311,7 @@ def test_eager_dispatch_switch_sends_every_call_through_the_dispatcher():
 def test_eager_fast_path_steps_aside_under_jit_trace():
     """torch.jit.trace must record the custom op, not run its implementation inline."""
     import warnings
-    from greenmim import _eager
+    from greenmim import _dispatch as _eager
     part, q, k, v, bias = _case(dtype=torch.float32)
     x = torch.randn(q.shape[0], q.shape[1], 8)
     before = _eager.fast_calls()
@@ -356,10 +356,10 @@ def test_argument_structs_written_in_one_call_equal_field_by_field():
 
 @pytest.mark.parametrize("emulated", [False, True])
 def test_index_checks_remembered_only_while_the_index_is_unchanged(emulated):
-    """Index tensors that passed the ops' checks are not checked again (_backend.known_index),
+    """Index tensors that passed the ops' checks are not checked again (_attention_abi.known_index),
     until one is modified in place (its version moves) or replaced: then the same inputs are
     refused with the same messages as on a first call."""
-    from greenmim import _backend
+    from greenmim import _attention_abi as _backend
     dt = torch.float32 if emulated else torch.float64
     with (greenmim.emulate_cuda() if emulated else torch.enable_grad()):
         part, q, k, v, bias = _case(dtype=dt, heads=1, head_dim=32 if emulated else 4)

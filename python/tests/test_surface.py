@@ -115,3 +115,14 @@ def test_python_presets_agree_with_the_cli_copy():
             assert (c["channels"], c["heads"], c["depths"], c["sr"]) == \
                    (tuple(p["embed_dims"]), tuple(p["num_heads"]), tuple(p["depths"]), tuple(p["sr_ratios"])), name
             assert (c["window"], c["image"], c["mlp"]) == (p["wss"][0], p["img_size"], p["mlp_ratios"][0]), name
+
+
+@pytest.mark.parametrize("old,new", [("_eager", "_dispatch"), ("_backend", "_attention_abi"),
+                                     ("_conv_backend", "_conv_abi")])
+def test_renamed_layers_warn_and_are_the_new_modules(old, new):
+    """The private layers took names that say what they are; the old module names are aliases of
+    the new modules (the same object: patching either patches both) for one release."""
+    sys.modules.pop(f"greenmim.{old}", None)
+    with pytest.warns(DeprecationWarning, match=f"greenmim.{old} is deprecated"):
+        mod = importlib.import_module(f"greenmim.{old}")
+    assert mod is importlib.import_module(f"greenmim.{new}")
