@@ -8,8 +8,8 @@
 The top level holds what a user needs (``__all__``): the model registry (``create_model``,
 ``model_names``: GreenMIM models and encoders), the three model classes, mask plans, the two
 attention ops, checkpoint loading and the error type. The rest lives in its module:
-``greenmim.ops`` (every op), ``greenmim.conv_ops`` / ``greenmim.conv_tables`` (Twins' sparse
-convs), ``greenmim.mask_plan`` / ``greenmim.twins_plan`` (plan types), ``greenmim.swin`` /
+``greenmim.ops`` (every op, Twins' sparse convs too), ``greenmim.conv_tables`` (the convs'
+tables), ``greenmim.mask_plan`` / ``greenmim.twins_plan`` (plan types), ``greenmim.swin`` /
 ``swinv2`` / ``twins`` / ``mim`` (layers and factories), ``greenmim.testing`` (per-stage builders).
 The names this package exported before stay here for one release, with a DeprecationWarning.
 
@@ -46,7 +46,7 @@ _MOVED = {
     **{n: ("mask_plan", n) for n in ("StagePartition", "StagePlan")},
     **{n: ("testing", n) for n in ("stage_partition", "merge_indices", "window_geometry")},
     **{n: ("ops", n) for n in ("partition_tokens", "unpartition_tokens")},
-    **{n: ("conv_ops", n) for n in ("block_conv", "submanifold_depthwise_conv3x3")},
+    **{n: ("ops", n) for n in ("block_conv", "submanifold_depthwise_conv3x3")},
     **{n: ("conv_tables", n) for n in ("BlockTable", "NeighborTable", "block_table", "neighbor_table")},
     "TwinsStagePlan": ("twins_plan", "TwinsStagePlan"),
     "released_group_attention": ("released", "released_group_attention"),

@@ -13,7 +13,9 @@ Public functions:
   head_dim]`` qkv projection itself; its backward writes one packed gradient;
 - ``partition_tokens(x, partition)`` / ``unpartition_tokens(y, partition)``: ``[B, N, C] <->
   [B, num_groups * G, C]``, each other's adjoint.
-``partition`` is a :class:`greenmim.StagePartition` (from :func:`greenmim.plan_masks`).
+``partition`` is a :class:`greenmim.mask_plan.StagePartition` (from :func:`greenmim.plan_masks`).
+Twins' sparse convs (``block_conv``, ``submanifold_depthwise_conv3x3``) are named here too
+(implemented in conv_ops.py).
 """
 from __future__ import annotations
 
@@ -355,3 +357,8 @@ def unpartition_tokens(y: Tensor, partition) -> Tensor:
     """Ungroups ``[B, num_groups * G, C] -> [B, N, C]`` (padding rows are never read)."""
     _check_partition_device("unpartition", y, partition)
     return _dispatch.call("unpartition", y, Index.tensors(partition), partition.group_size)
+
+
+# Every op under greenmim.ops: Twins' sparse convs live in conv_ops.py (their tables, backends and
+# routes), and are named here too.
+from .conv_ops import block_conv, submanifold_depthwise_conv3x3  # noqa: E402,F401
