@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _backend
+from . import _attention_abi
 from ._lib import GreenmimError
 
 
@@ -179,9 +179,9 @@ def _exact_grads(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Te
                  scale: float, need_dbias: bool, dq: Tensor, dk: Tensor, dv: Tensor) -> Optional[Tensor]:
     """The reference's forward and backward (each window's pairs only): writes dq, dk, dv and
     returns d(bias) (or None)."""
-    ix = _backend.Index(part.gather, part.scatter, part.slot_window, part.slot_coord, part.group_size, window, scale)
-    o, lse = _backend.attention_fwd(q, k, v, bias, ix)
-    return _backend.attention_bwd(d_o.contiguous(), q, k, v, o, lse, bias, ix, dq, dk, dv, need_dbias)
+    ix = _attention_abi.Index(part.gather, part.scatter, part.slot_window, part.slot_coord, part.group_size, window, scale)
+    o, lse = _attention_abi.attention_fwd(q, k, v, bias, ix)
+    return _attention_abi.attention_bwd(d_o.contiguous(), q, k, v, o, lse, bias, ix, dq, dk, dv, need_dbias)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], part, window: int, scale: float) -> Tensor:

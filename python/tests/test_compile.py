@@ -32,7 +32,7 @@ def test_encoder_fullgraph_forward_backward_matches_eager():
 
 def test_attention_op_under_inductor():
     torch._dynamo.reset()
-    part = greenmim.stage_partition(random_stage_mask(14, 2), 7, 3, 64, cache=False)
+    part = greenmim.testing.stage_partition(random_stage_mask(14, 2), 7, 3, 64, cache=False)
     lin = torch.nn.Linear(8, 3 * 8)
     x = torch.randn(2, part.num_tokens, 8, requires_grad=True)
     bias = torch.randn(169, 2, requires_grad=True)
