@@ -34,12 +34,12 @@ import time
 
 import torch
 
-from greenmim import indices, mim
+from greenmim import mask_plan, mim
 from greenmim.pretrain import crops, data, decode
 
 
 def _masks_and_plan(ds, batch, g, t):
-    masks = indices.random_masks(batch if ds.per_sample else None, grid=ds.geometry.grid, ratio=ds.mask_ratio,
+    masks = mask_plan.random_masks(batch if ds.per_sample else None, grid=ds.geometry.grid, ratio=ds.mask_ratio,
                                  generator=g)
     t["masks"] += time.perf_counter()
     t["plan"] -= time.perf_counter()

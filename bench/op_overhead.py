@@ -6,7 +6,7 @@ The CUDA path's Python (argument checks, the C views, the workspace query, the a
 bookkeeping) runs under ``greenmim.emulate_cuda()`` with the kernel library's C calls replaced by
 no-ops, on tiny tensors, so the time is the host's alone. Each public op is timed on its own,
 forward and forward + backward (``torch.autograd.backward`` of its output with a ready gradient:
-the engine's own cost per call is in it), through the eager fast path (greenmim/_eager.py) and
+the engine's own cost per call is in it), through the eager fast path (greenmim/_dispatch.py) and
 through the custom ops' dispatcher (``_eager.disabled()``), interleaved; each figure is the best
 of 3 medians of ``--reps`` calls. Plain torch ops on the same tiny tensor are the scale: a
 ``torch.add`` forward, a multiply forward + backward, and the autograd.Function the fast path's
@@ -30,7 +30,7 @@ import time
 import torch
 
 import greenmim
-from greenmim import _eager, _lib
+from greenmim import _dispatch as _eager, _lib
 
 
 class _NullKernels:
@@ -75,7 +75,7 @@ def _forward_backward(fwd, grads):
 
 class _Floor(torch.autograd.Function):
     """The mechanism the fast path's forward ops ride on, doing nothing else: an autograd.Function
-    applied through its C entry (as greenmim/_eager.py does) that allocates two outputs and saves
+    applied through its C entry (as greenmim/_dispatch.py does) that allocates two outputs and saves
     eight tensors, as the packed attention's forward does."""
 
     @staticmethod

@@ -33,7 +33,7 @@ CATEGORIES = ("launches", "sync", "allocator", "GEMM", "attention (torch)", "nor
 
 _GREENMIM_OPS = ("attention_fwd", "attention_bwd", "attention_packed_fwd", "attention_packed_bwd", "partition",
                  "unpartition", "depthwise_conv3x3_fwd", "depthwise_conv3x3_bwd", "block_conv_fwd", "block_conv_bwd")
-# the eager fast path's autograd Functions are named "_<op>" (greenmim/_eager.py), their nodes "_<op>Backward"
+# the eager fast path's autograd Functions are named "_<op>" (greenmim/_dispatch.py), their nodes "_<op>Backward"
 _GREENMIM_NAMES = {f"_{n}" for n in _GREENMIM_OPS} | {f"_{n}Backward" for n in _GREENMIM_OPS}
 
 _HOST_RULES: List[Tuple[str, Tuple[str, ...]]] = [

@@ -228,7 +228,7 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
 def step_flops(loss_fn, amp, model) -> float:
     """FLOPs of one eager forward + backward (``loss_fn()`` under ``amp``, then its backward), as
     torch's FlopCounterMode counts them, greenmim's ops by their registered formulas (under the
-    counter, a dispatch mode, they run as custom ops: greenmim/_eager.py); the gradients are dropped."""
+    counter, a dispatch mode, they run as custom ops: greenmim/_dispatch.py); the gradients are dropped."""
     from torch.utils.flop_counter import FlopCounterMode
     import greenmim.flops
     greenmim.flops.register_flop_formulas()

@@ -26,7 +26,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .. import indices
+from .. import mask_plan
 from .._lib import GreenmimError
 from . import crops, decode as _decode
 from .images import (IMAGE_EXTENSIONS, SAMPLE_CROPS_PER_EPOCH, SAMPLE_HELD_OUT, SAMPLE_TRAIN, SKIP_LIMIT,  # noqa: F401
@@ -120,7 +120,7 @@ class Geometry:
         if self.spec is not None:
             plan = self.spec.plan(masks, device="cpu", cache=False)
         else:
-            plan = indices.plan_masks(masks, img_size=self.img_size, patch_size=self.patch_size,
+            plan = mask_plan.plan_masks(masks, img_size=self.img_size, patch_size=self.patch_size,
                                       window_size=self.window, num_stages=self.num_stages, embed_dim=self.embed_dim,
                                       strategy=self.strategy, device="cpu", cache=False, group_size=self.group_size)
         return pad_to(plan, self.capacity)
@@ -131,11 +131,11 @@ class Geometry:
         g = torch.Generator().manual_seed(seed ^ 0x6A09E667)
         kept, self.capacity = self.capacity, None
         try:
-            plans = [self.plan(indices.random_masks(batch if per_sample else None, grid=self.grid, ratio=mask_ratio,
+            plans = [self.plan(mask_plan.random_masks(batch if per_sample else None, grid=self.grid, ratio=mask_ratio,
                                                     generator=g)) for _ in range(samples)]
         finally:
             self.capacity = kept
-        return indices.group_capacity(plans)
+        return mask_plan.group_capacity(plans)
 
 
 class MicroBatches(torch.utils.data.Dataset):
@@ -188,7 +188,7 @@ class MicroBatches(torch.utils.data.Dataset):
         g = torch.Generator().manual_seed(seed)   # the crops and flips; a stream as torch.manual_seed(seed)'s
         imgs = self.cpu_crops(idx, g) if self.decode == "cpu" else self.encoded(idx, g)
         g = torch.Generator().manual_seed(seed ^ 0x5DEECE66D)
-        masks = indices.random_masks(len(idx) if self.per_sample else None, grid=self.geometry.grid,
+        masks = mask_plan.random_masks(len(idx) if self.per_sample else None, grid=self.geometry.grid,
                                      ratio=self.mask_ratio, generator=g)
         return imgs, masks, self.geometry.plan(masks)
 
