@@ -12,9 +12,7 @@ This file only checks, converts and calls: the arithmetic is in the compiled lib
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import threading
 import weakref
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
