@@ -23,6 +23,7 @@ from ._device import call_with_workspace, device_buffer, emulate_cuda, emulating
 from ._device import kernel_lib as _kernel_lib, rows as _rows, stream as _stream
 from ._lib import GreenmimError
 
+
 class Index(NamedTuple):
     """One stage partition as the library reads it: the four int32 index tensors of a
     :class:`greenmim.StagePartition` and the attention's geometry. The custom ops' schemas carry
