@@ -12,9 +12,7 @@ This file only checks, converts and calls: the arithmetic is in the compiled lib
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import threading
 import weakref
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -24,6 +22,7 @@ from . import _lib
 from ._device import call_with_workspace, device_buffer, emulate_cuda, emulating, uses_kernels  # noqa: F401
 from ._device import kernel_lib as _kernel_lib, rows as _rows, stream as _stream
 from ._lib import GreenmimError
+
 
 class Index(NamedTuple):
     """One stage partition as the library reads it: the four int32 index tensors of a
