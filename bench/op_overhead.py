@@ -94,7 +94,7 @@ def cases(gen: torch.Generator):
     (one head of 32, an 8x8-token stage, window 4, shift 2) and Twins' two convs."""
     mask = torch.rand(8, 8, generator=gen) < 0.5
     mask[0, 0] = True
-    part = greenmim.stage_partition(mask, 4, 2, channels=32, cache=False)
+    part = greenmim.testing.stage_partition(mask, 4, 2, channels=32, cache=False)
     N = part.num_tokens
     rg = dict(requires_grad=True)
     qkv = torch.randn(1, N, 3, 1, 32, generator=gen, **rg)
@@ -102,7 +102,7 @@ def cases(gen: torch.Generator):
     bias = torch.randn(49, 1, generator=gen, **rg)
     x = torch.randn(1, N, 32, generator=gen, **rg)
     y = torch.randn(1, part.gather.numel(), 32, generator=gen, **rg)
-    nt, bt = greenmim.neighbor_table(mask, cache=False), greenmim.block_table(mask, 2, cache=False)
+    nt, bt = greenmim.conv_tables.neighbor_table(mask, cache=False), greenmim.conv_tables.block_table(mask, 2, cache=False)
     xc = torch.randn(1, nt.num_tokens, 16, generator=gen, **rg)
     wd, bd = torch.randn(16, 1, 3, 3, generator=gen, **rg), torch.randn(16, generator=gen, **rg)
     wb, bb = torch.randn(32, 16, 2, 2, generator=gen, **rg), torch.randn(32, generator=gen, **rg)
@@ -113,16 +113,16 @@ def cases(gen: torch.Generator):
     table = {
         "attention_packed": lambda: (greenmim.group_window_attention_packed(qkv, bias, part),),
         "attention": lambda: (greenmim.group_window_attention(q, k, v, bias, part),),
-        "partition": lambda: (greenmim.partition_tokens(x, part),),
-        "unpartition": lambda: (greenmim.unpartition_tokens(y, part),),
-        "depthwise_conv3x3": lambda: (greenmim.submanifold_depthwise_conv3x3(xc, nt, wd, bd, residual=True),),
-        "block_conv": lambda: (greenmim.block_conv(xc, bt, wb, bb),),
+        "partition": lambda: (greenmim.ops.partition_tokens(x, part),),
+        "unpartition": lambda: (greenmim.ops.unpartition_tokens(y, part),),
+        "depthwise_conv3x3": lambda: (greenmim.ops.submanifold_depthwise_conv3x3(xc, nt, wd, bd, residual=True),),
+        "block_conv": lambda: (greenmim.ops.block_conv(xc, bt, wb, bb),),
     }
 
     def block():
-        z = greenmim.partition_tokens(x, part)
+        z = greenmim.ops.partition_tokens(x, part)
         o = greenmim.group_window_attention_packed(qkv, bias, part)
-        return z, o, greenmim.unpartition_tokens(z, part)
+        return z, o, greenmim.ops.unpartition_tokens(z, part)
 
     table["swin_block (partition + attention + unpartition)"] = block
     return table, grads_of

@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     sim = json.loads(subprocess.run([a.cli, "simulate", "--model", "twins-l", "--json"], check=True,
                                     capture_output=True, text=True).stdout)
     torch.manual_seed(0)
-    model = greenmim.twins_svt_large().eval()
+    model = greenmim.create_model("twins_svt_large").eval()
     x = torch.randn(1, 3, 224, 224)
     g = torch.Generator().manual_seed(0)
     counted, tokens_only, padded = [0.0] * 4, [0.0] * 4, [0.0] * 4

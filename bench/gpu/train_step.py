@@ -297,11 +297,11 @@ def breakdown(cfg: dict, args, device) -> list:
         row = dict(stage=s + 1)
         for shift in (0, args.window // 2):
             parts = []
-            t_build = _time(lambda: parts.append(greenmim.stage_partition(ms, args.window, shift, C, device=device,
+            t_build = _time(lambda: parts.append(greenmim.testing.stage_partition(ms, args.window, shift, C, device=device,
                                                                           cache=False)), clock, args.reps)
             part = parts[-1]
             x = torch.randn(args.batch, part.num_tokens, C, device=device, dtype=dtype)
-            y = greenmim.partition_tokens(x, part)
+            y = greenmim.ops.partition_tokens(x, part)
             qkv = torch.randn(args.batch, part.num_tokens, 3, H, D, device=device, dtype=dtype)
             bias = torch.randn((2 * part.window - 1) ** 2, H, device=device)
             index = [part.gather, part.scatter, part.slot_window, part.slot_coord]
@@ -312,8 +312,8 @@ def breakdown(cfg: dict, args, device) -> list:
             row[f"{key}_G"] = f"{part.group_size}x{part.num_groups}"
             row[f"{key}_plan_ms"] = part.plan_us / 1e3
             row[f"{key}_index_ms"] = max(t_build - part.plan_us / 1e3, 0.0)
-            row[f"{key}_group_ms"] = _time(lambda: greenmim.partition_tokens(x, part), clock, args.reps)
-            row[f"{key}_ungroup_ms"] = _time(lambda: greenmim.unpartition_tokens(y, part), clock, args.reps)
+            row[f"{key}_group_ms"] = _time(lambda: greenmim.ops.partition_tokens(x, part), clock, args.reps)
+            row[f"{key}_ungroup_ms"] = _time(lambda: greenmim.ops.unpartition_tokens(y, part), clock, args.reps)
             row[f"{key}_attn_fwd_ms"] = _time(lambda: torch.ops.greenmim.attention_packed_fwd(
                 qkv, bias, index, part.group_size, part.window, D ** -0.5, "auto"), clock, args.reps)
             row[f"{key}_attn_bwd_ms"] = _time(lambda: torch.ops.greenmim.attention_packed_bwd(

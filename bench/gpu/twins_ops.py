@@ -2,12 +2,12 @@
 """Twins' convolutions on visible tokens against their peers, at Twins-L's shapes (224 px,
 32-px mask units, batch --batch, bf16 on CUDA), forward and forward+backward, median ms:
 
-  depthwise 3x3 (PEG)  greenmim.submanifold_depthwise_conv3x3 on the visible tokens, against
+  depthwise 3x3 (PEG)  greenmim.ops.submanifold_depthwise_conv3x3 on the visible tokens, against
                        a copy of the same bytes (x.clone(): the bandwidth ceiling; target: the
                        conv at >= 70% of the copy's rate at stage 1), and the masked dense conv
                        in cuDNN (zero the masked cells, convolve the whole grid: ConvNeXt V2's
                        and SparK's choice, the peer to beat at 25-40% visible tokens)
-  block conv           greenmim.block_conv (GSA sub-sampling sr 8/4/2, patch embedding s 2) on
+  block conv           greenmim.ops.block_conv (GSA sub-sampling sr 8/4/2, patch embedding s 2) on
                        the plan's tables: its default, one GEMM over a view of the tokens (the
                        plan's block-major order makes whole blocks runs of tokens), and two rows
                        of the paths a table with partly visible blocks takes: "(gather +
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
             # PEG
             w = torch.randn(C, 1, 3, 3, device=dev, requires_grad=True)
             b = torch.randn(C, device=dev, requires_grad=True)
-            peg = lambda x: greenmim.submanifold_depthwise_conv3x3(x, st.neighbors, w, b, residual=True)
+            peg = lambda x: greenmim.ops.submanifold_depthwise_conv3x3(x, st.neighbors, w, b, residual=True)
             ours = run(peg, x)
             gbs = lambda ms: 2 * N * C * x.element_size() / T(ms) / 1e9
             copy = run(lambda x: x.clone(), x)
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
             for op, table, k, co in (("GSA sr conv", st.keys, sr, C), ("patch embedding", st.embed, 2, C_next)):
                 wk = torch.randn(co, C, k, k, device=dev, requires_grad=True)
                 bk = torch.randn(co, device=dev, requires_grad=True)
-                ours = run(lambda x: greenmim.block_conv(x, table, wk, bk), x)
+                ours = run(lambda x: greenmim.ops.block_conv(x, table, wk, bk), x)
                 n_out = table.num_outputs
                 tflops = lambda ms: 2 * n_out * k * k * C * co / T(ms) / 1e12
                 A = torch.randn(n_out, k * k * C, device=dev, dtype=dt, requires_grad=True)
@@ -178,14 +178,14 @@ def main(argv=None) -> int:
                 # the weight channels_last (model.to(memory_format=torch.channels_last)): W''s copy
                 # and its gradient's read and write C_in contiguously
                 wk_cl = wk.detach().to(memory_format=torch.channels_last).requires_grad_(True)
-                cl = run(lambda x: greenmim.block_conv(x, table, wk_cl, bk), x)
+                cl = run(lambda x: greenmim.ops.block_conv(x, table, wk_cl, bk), x)
                 emit(op + " (channels_last weight)", s, keep, cl, "autocast F.linear (fp32 weight, bias)", amp,
                      tflops(cl[0]), tflops(amp[0]), "TFLOP/s")
                 gathered = dataclasses.replace(table, reshape=False)     # the path of partly visible blocks
-                via_gather = run(lambda x: greenmim.block_conv(x, gathered, wk, bk), x)
+                via_gather = run(lambda x: greenmim.ops.block_conv(x, gathered, wk, bk), x)
                 emit(op + " (gather + cuBLAS)", s, keep, via_gather, "cuBLAS GEMM", gemm, tflops(via_gather[0]),
                      tflops(gemm[0]), "TFLOP/s")
-                fused = run(lambda x: greenmim.block_conv(x, table, wk, bk, algo="fused"), x)
+                fused = run(lambda x: greenmim.ops.block_conv(x, table, wk, bk, algo="fused"), x)
                 emit(op + " (fused kernels)", s, keep, fused, "cuBLAS GEMM", gemm, tflops(fused[0]), tflops(gemm[0]),
                      "TFLOP/s")
                 full = run(lambda d: F.conv2d(d, wk.to(dt), bk.to(dt), stride=k), dense)

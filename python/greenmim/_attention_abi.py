@@ -18,7 +18,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from . import _lib
+from . import _abi_views, _lib
 from ._device import call_with_workspace, device_buffer, emulate_cuda, emulating, uses_kernels  # noqa: F401
 from ._device import kernel_lib as _kernel_lib, rows as _rows, stream as _stream
 from ._lib import GreenmimError
@@ -26,7 +26,7 @@ from ._lib import GreenmimError
 
 class Index(NamedTuple):
     """One stage partition as the library reads it: the four int32 index tensors of a
-    :class:`greenmim.StagePartition` and the attention's geometry. The custom ops' schemas carry
+    :class:`greenmim.mask_plan.StagePartition` and the attention's geometry. The custom ops' schemas carry
     the tensors as one ``Tensor[]`` argument (a schema takes tensors and scalars, not objects);
     :meth:`of` rebuilds this from them, and everything below the ops takes it whole."""
     gather: torch.Tensor
@@ -79,8 +79,8 @@ class KnownIndex:
         self.device, self.group_size = tensors[0].device, group_size
         self.slots, self.tokens = tensors[0].numel(), tensors[1].numel()
         ix = Index(*tensors, group_size)
-        self.fields = _lib.partition_fields(ix)                      # the C view, as _lib.partition()
-        self.copy_fields = _lib.partition_fields(ix, slot_coord=False)
+        self.fields = _abi_views.partition_fields(ix)                      # the C view, as _abi_views.partition()
+        self.copy_fields = _abi_views.partition_fields(ix, slot_coord=False)
 
 
 _known: Dict[int, KnownIndex] = {}
@@ -227,22 +227,22 @@ def _args(struct, q, tensors: dict, ix: Index):
     a.dtype = _lib.GM_DTYPES[q.dtype] if struct is not _lib.HostAttentionArgs else \
         (_lib.GMH_FLOAT64 if q.dtype == torch.float64 else _lib.GMH_FLOAT32)
     for name, t in tensors.items():
-        setattr(a, name, _lib.tensor(t))
-    a.part = _lib.partition(ix)
+        setattr(a, name, _abi_views.tensor(t))
+    a.part = _abi_views.partition(ix)
     a.window, a.scale = ix.window, ix.scale
     return a
 
 
-# The kernels' argument structs, each written in one call (_lib.Packer: the eager step's host time)
-_FWD, _BWD, _COPY = _lib.Packer(_lib.FwdArgs), _lib.Packer(_lib.BwdArgs), _lib.Packer(_lib.PartitionArgs)
-_tf = _lib.tensor_fields
+# The kernels' argument structs, each written in one call (_abi_views.Packer: the eager step's host time)
+_FWD, _BWD, _COPY = _abi_views.Packer(_lib.FwdArgs), _abi_views.Packer(_lib.BwdArgs), _abi_views.Packer(_lib.PartitionArgs)
+_tf = _abi_views.tensor_fields
 
 
 def _part_fields(ix: Index, slot_coord: bool = True) -> tuple:
     """The partition's C view: remembered with its checked index tensors, else made now."""
     e = ix.known or known_index(ix[:4], ix.group_size)
     if e is None:
-        return _lib.partition_fields(ix, slot_coord)
+        return _abi_views.partition_fields(ix, slot_coord)
     return e.fields if slot_coord else e.copy_fields
 
 

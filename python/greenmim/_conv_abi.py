@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _lib
+from . import _abi_views, _lib
 from ._attention_abi import check_dtype
 from ._device import call_with_workspace, uses_kernels
 from ._device import kernel_lib as _kernel_lib, rows as _rows, stream as _stream
@@ -90,17 +90,17 @@ def _weights(t: Optional[Tensor], x: Tensor) -> Optional[Tensor]:
 def _host_args(x: Tensor, table: Tensor, size: int, residual: bool, **tensors) -> _lib.HostConvArgs:
     a = _lib.HostConvArgs()
     a.dtype = _lib.GMH_FLOAT64 if x.dtype == torch.float64 else _lib.GMH_FLOAT32
-    a.x = _lib.tensor(x)
+    a.x = _abi_views.tensor(x)
     for name, t in tensors.items():
-        setattr(a, name, _lib.tensor(t))
+        setattr(a, name, _abi_views.tensor(t))
     a.table, a.table_size = table.data_ptr() if table.numel() else None, table.numel()
     a.size, a.residual = size, int(residual)
     return a
 
 
-# The kernels' argument structs, each written in one call (_lib.Packer: the eager step's host time)
-_DW, _BC = _lib.Packer(_lib.DepthwiseConvArgs), _lib.Packer(_lib.BlockConvArgs)
-_tf, _NULL = _lib.tensor_fields, _lib.NULL_TENSOR
+# The kernels' argument structs, each written in one call (_abi_views.Packer: the eager step's host time)
+_DW, _BC = _abi_views.Packer(_lib.DepthwiseConvArgs), _abi_views.Packer(_lib.BlockConvArgs)
+_tf, _NULL = _abi_views.tensor_fields, _abi_views.NULL_TENSOR
 
 
 def _ptr(t: Optional[Tensor]) -> int:
@@ -225,7 +225,7 @@ def _copy_rows(fn: str, x: Tensor, y: Tensor, index: Tensor, group_size: int) ->
     lib = _kernel_lib(x)
     a = _lib.PartitionArgs()
     a.dtype = _lib.GM_DTYPES[x.dtype]
-    a.x, a.y = _lib.tensor(x), _lib.tensor(y)
+    a.x, a.y = _abi_views.tensor(x), _abi_views.tensor(y)
     p = _lib.Partition()
     p.gather = p.scatter = p.slot_window = index.data_ptr()   # the copies read the one of their direction
     p.slot_coord = None

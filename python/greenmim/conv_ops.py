@@ -5,10 +5,10 @@ custom ops, with fakes and registered autograd like the attention (ops.py), so
 - ``submanifold_depthwise_conv3x3(x, table, weight, bias=None, residual=False)``: the 3x3
   depthwise conv (stride 1, padding 1) at the visible tokens, masked neighbours and sites outside
   the grid read as zero; ``residual`` adds ``x`` (Twins' ``PosConv``). ``table`` is a
-  :class:`greenmim.NeighborTable`.
+  :class:`greenmim.conv_tables.NeighborTable`.
 - ``block_conv(x, table, weight, bias=None)``: the kernel = stride = s conv, ``[B, N, C_in] ->
   [B, N_next, C_out]``; an output exists for every s x s block with a visible input (spconv's
-  rule) and its masked inputs read as zero. ``table`` is a :class:`greenmim.BlockTable`.
+  rule) and its masked inputs read as zero. ``table`` is a :class:`greenmim.conv_tables.BlockTable`.
 
 Both equal a dense ``torch.nn.functional.conv2d`` over the zero-filled grid, read at the output
 cells. Weights are the dense ``nn.Conv2d`` parameters (``[C, 1, 3, 3]``, ``[C_out, C_in, s, s]``).
@@ -168,7 +168,7 @@ def submanifold_depthwise_conv3x3(x: Tensor, table: NeighborTable, weight: Tenso
     outside the grid count as zero (a submanifold conv). ``weight`` ``[C, 1, 3, 3]``, ``bias``
     ``[C]`` or None, ``residual``: ``+ x`` (Twins' PEG). Differentiable in x, weight and bias."""
     if not isinstance(table, NeighborTable):
-        raise GreenmimError(f"greenmim: depthwise conv 3x3: the table must be a greenmim.NeighborTable, got "
+        raise GreenmimError(f"greenmim: depthwise conv 3x3: the table must be a greenmim.conv_tables.NeighborTable, got "
                                      f"{type(table).__name__}")
     _check_algo(algo)    # every path is the op: on the CPU the reference beats torch here (docs/sparse-conv.md)
     check_devices("depthwise conv 3x3", x, neighbor_table=table.nbr, weight=weight, bias=bias)
@@ -181,12 +181,12 @@ def block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tens
     """Kernel = stride = s conv on the visible tokens: ``[B, N, C_in] -> [B, N_next, C_out]``
     (per-sample masks: ``[1, sum N_b, .]``). Outputs at the blocks of ``table`` (every s x s
     block with a visible input, in the table's order: row-major per sample from
-    :func:`greenmim.block_table`, block-major from a Twins plan; ``table.position`` says where);
+    :func:`greenmim.conv_tables.block_table`, block-major from a Twins plan; ``table.position`` says where);
     masked inputs read as zero. ``weight`` ``[C_out, C_in, s, s]`` (``nn.Conv2d``'s), ``bias`` ``[C_out]`` or None.
     ``algo``: "auto"; "reference" (CPU: the Eigen reference); "fused" (CUDA: the fused
     gather-GEMM kernels of the C ABI instead of a gather and cuBLAS)."""
     if not isinstance(table, BlockTable):
-        raise GreenmimError(f"greenmim: block conv: the table must be a greenmim.BlockTable, got "
+        raise GreenmimError(f"greenmim: block conv: the table must be a greenmim.conv_tables.BlockTable, got "
                                      f"{type(table).__name__}")
     check_devices("block conv", x, block_table=table.gather, weight=weight, bias=bias)
     if weight.dim() == 4 and weight.shape[2] != table.stride:

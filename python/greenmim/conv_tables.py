@@ -2,9 +2,9 @@
 
 - :func:`neighbor_table` ``(visible)``: the 3x3 submanifold table ``[N, 9]`` of a stage mask
   (``-1``: the neighbour is masked or outside the grid), for
-  :func:`greenmim.submanifold_depthwise_conv3x3`.
+  :func:`greenmim.ops.submanifold_depthwise_conv3x3`.
 - :func:`block_table` ``(visible, stride)``: the kernel = stride block table ``[N_next, s*s]``
-  for :func:`greenmim.block_conv`. **Output rule:** a block is an output when any of its inputs
+  for :func:`greenmim.ops.block_conv`. **Output rule:** a block is an output when any of its inputs
   is visible (spconv's rule for a strided sparse conv); its masked inputs are ``-1`` and read as
   zero, so the output equals the dense conv over the zero-filled grid at that cell. With mask
   units that cover whole blocks (GreenMIM's 32 px units and Twins' strides) every block is

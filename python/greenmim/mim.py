@@ -1,7 +1,7 @@
 """GreenMIM, the whole pretraining model: a visible-token encoder, then MAE's light decoder at the
 last stage's resolution, and the loss on the masked units.
 
-    model = greenmim.green_mim_swin_base_patch4_dec512b1()
+    model = greenmim.create_model("green_mim_swin_base_patch4_dec512b1")
     plan = model.plan(greenmim.random_masks(batch), device="cuda")   # per-sample masks, or one [7, 7]
     loss, pred, mask = model(images, plan)
 
@@ -330,8 +330,7 @@ def create_model(name: str, **kw):
         cls, preset, _ = ENCODERS[name]
         return cls(**{**preset, **kw})
     if name not in _ARCHS:
-        known = list(_ARCHS) + list(ENCODERS)
-        close = sorted(known, key=lambda n: -_common_prefix(n, name))[:3]
+        close = closest_model_names(name, encoders=True)
         raise GreenmimError(f"greenmim: unknown model {name!r}; did you mean one of {close}? "
                             f"(all: greenmim.model_names(encoders=True))")
     cls, enc, dec, _ = _ARCHS[name]
@@ -348,6 +347,12 @@ def create_model(name: str, **kw):
                     "decoder_num_heads": model.decoder_blocks[0].attn.num_heads if len(model.decoder_blocks) else 0,
                     "norm_pix_loss": model.norm_pix_loss, "decoder_order": model.decoder_order}
     return model
+
+
+def closest_model_names(name: str, n: int = 3, encoders: bool = False) -> list:
+    """The ``n`` registered names closest to ``name`` (longest common prefix first): for "did you
+    mean" in error messages."""
+    return sorted(model_names(encoders=encoders), key=lambda m: -_common_prefix(m, name))[:n]
 
 
 def _common_prefix(a: str, b: str) -> int:

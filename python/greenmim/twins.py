@@ -6,7 +6,7 @@ The module tree and parameter names are timm's ``Twins`` (``patch_embeds.N.{proj
 key mapping. Per stage, on the visible tokens of a :class:`greenmim.TwinsPlan`:
 
 - patch embedding: stage 1 the visible 4x4 patches (a per-token linear map), later stages the
-  2x2 block conv (:func:`greenmim.block_conv`);
+  2x2 block conv (:func:`greenmim.ops.block_conv`);
 - LSA (even blocks): attention within 7x7 windows, no position bias, on the grouped attention
   op (the windows' uneven visible counts packed by the planner, never shifted);
 - GSA (odd blocks): every visible query attends the keys and values of its own sample, taken
@@ -15,7 +15,7 @@ key mapping. Per stage, on the visible tokens of a :class:`greenmim.TwinsPlan`:
 
 Tokens are ``[B, N, C]`` with a shared mask, ``[1, sum N_b, C]`` with per-sample masks.
 
-    model = greenmim.twins_svt_large()
+    model = greenmim.create_model("twins_svt_large")
     plan = model.plan(greenmim.random_masks(), device="cuda")
     feats = model.forward_features(images, plan)        # [B, 12, 1024]
 """

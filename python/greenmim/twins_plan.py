@@ -15,7 +15,7 @@ mask units that cover the largest stride every block is whole, and a finer mask 
 Tokens are in **block-major order** (twins_plan.hpp): per sample, the last stage's cells
 row-major and each in Z (Morton) order at every stage, so that every 2x2 and sr x sr block is a
 run of consecutive tokens. Where blocks are whole (the 32 px units), the block tables say
-``reshape=True`` and :func:`greenmim.block_conv` is one GEMM over a view of the tokens, no gather.
+``reshape=True`` and :func:`greenmim.ops.block_conv` is one GEMM over a view of the tokens, no gather.
 Read token positions from ``position``, never from the order.
 """
 from __future__ import annotations

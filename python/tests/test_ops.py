@@ -324,11 +324,11 @@ def test_eager_fast_path_steps_aside_under_jit_trace():
 
 
 def test_argument_structs_written_in_one_call_equal_field_by_field():
-    """_lib.Packer (the ops' argument structs in one struct.pack_into) writes the bytes that
+    """_abi_views.Packer (the ops' argument structs in one struct.pack_into) writes the bytes that
     setting each ctypes field does, for every kernel struct, with views of rank 1-4, strided,
     empty and absent (None) tensors."""
     import ctypes
-    from greenmim import _lib
+    from greenmim import _abi_views, _lib
     t4 = torch.randn(2, 5, 3, 8)[:, 1:, ::2]                    # strided, rank 4
     views = [t4, torch.randn(7, 3).t(), torch.randn(6), torch.empty(0, 4), None, torch.randn(2, 3, 4)]
     part = _case()[0]
@@ -340,18 +340,18 @@ def test_argument_structs_written_in_one_call_equal_field_by_field():
         for name, typ in cls._fields_:
             if typ is _lib.Tensor:
                 t = picks[tensor_names.index(name)]
-                setattr(want, name, _lib.tensor(t))
-                values += _lib.tensor_fields(t)
+                setattr(want, name, _abi_views.tensor(t))
+                values += _abi_views.tensor_fields(t)
             elif typ is _lib.Partition:
-                want.part = _lib.partition(part, slot_coord=cls is not _lib.PartitionArgs)
-                values += _lib.partition_fields(part, slot_coord=cls is not _lib.PartitionArgs)
+                want.part = _abi_views.partition(part, slot_coord=cls is not _lib.PartitionArgs)
+                values += _abi_views.partition_fields(part, slot_coord=cls is not _lib.PartitionArgs)
             else:
                 v = 0.125 if name == "scale" else (0x7fff0000 + len(values) if typ is ctypes.c_void_p else len(values))
                 setattr(want, name, v)
                 values.append(v)
-        assert bytes(_lib.Packer(cls).new(*values)) == bytes(want), cls.__name__
+        assert bytes(_abi_views.Packer(cls).new(*values)) == bytes(want), cls.__name__
     with pytest.raises(GreenmimError, match="rank <= 4"):
-        _lib.tensor_fields(torch.randn(1, 1, 1, 1, 1))
+        _abi_views.tensor_fields(torch.randn(1, 1, 1, 1, 1))
 
 
 @pytest.mark.parametrize("emulated", [False, True])

@@ -300,7 +300,7 @@ def test_export_loads_strictly_in_timm_and_matches_on_all_tokens(tmp_path):
     timm = pytest.importorskip("timm")
     from greenmim import export
     torch.manual_seed(0)
-    model = greenmim.green_mim_swin_base_patch4_dec512b1()
+    model = greenmim.create_model("green_mim_swin_base_patch4_dec512b1")
     ck = tmp_path / "ck.pth"
     torch.save({"model": model.state_dict(), "config": model.config}, ck)
     out = tmp_path / "swin_b.pth"

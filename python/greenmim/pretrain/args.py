@@ -149,7 +149,7 @@ def parser() -> argparse.ArgumentParser:
 def validate(args) -> None:
     """Refuses arguments that cannot work, with the reason (UsageError)."""
     if args.model not in mim.model_names():
-        names = sorted(mim.model_names(), key=lambda n: -mim._common_prefix(n, args.model))[:3]
+        names = mim.closest_model_names(args.model)
         raise UsageError(f"unknown --model {args.model!r}; closest: {', '.join(names)} "
                          f"(all: python -m greenmim.pretrain --help)")
     if not 0.0 < args.mask_ratio < 1.0:
