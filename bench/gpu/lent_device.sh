@@ -200,8 +200,11 @@ step = None
 for line in open(sys.argv[2]):
     if line.startswith("{"):
         step = {r["row"]: r for r in json.loads(line)["rows"]}.get("per-sample")
-y = step["images_per_s"] if step else float("nan")
-print(f"pretrain end-to-end: {x:.0f} img/s over {len(rows) - warm} steps; step-only {y:.0f} img/s ({x / y:.2f}x)")
+if step is None:                        # stage 3 failed or was skipped: the line without its ratio
+    print(f"pretrain end-to-end: {x:.0f} img/s over {len(rows) - warm} steps; step-only n/a (no per-sample row)")
+else:
+    y = step["images_per_s"]
+    print(f"pretrain end-to-end: {x:.0f} img/s over {len(rows) - warm} steps; step-only {y:.0f} img/s ({x / y:.2f}x)")
 PYEOF
   tail -1 "$GM_SUMMARY"
 fi
