@@ -142,6 +142,7 @@ else
   export GREENMIM_LIB_DIR="$GM_ROOT/$GM_BUILD/lib"
 fi
 export PYTHONPATH="$GM_ROOT/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+"$PYTHON" -c "import sys, torch, timm; print('python', sys.version.split()[0], 'torch', torch.__version__, 'timm', timm.__version__, 'cuda', torch.version.cuda, 'nproc', __import__('os').cpu_count())" >> "$GM_OUT/build.log" 2>&1
 
 # ---- 2. the A/B bench ------------------------------------------------------------------------------------
 if [ -n "$GM_AB_PID" ]; then
