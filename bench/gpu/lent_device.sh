@@ -142,6 +142,7 @@ else
   export GREENMIM_LIB_DIR="$GM_ROOT/$GM_BUILD/lib"
 fi
 export PYTHONPATH="$GM_ROOT/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+"$PYTHON" -c "import sys, torch, timm; print('python', sys.version.split()[0], 'torch', torch.__version__, 'timm', timm.__version__, 'cuda', torch.version.cuda, 'nproc', __import__('os').cpu_count())" >> "$GM_OUT/build.log" 2>&1
 
 # ---- 2. the A/B bench ------------------------------------------------------------------------------------
 if [ -n "$GM_AB_PID" ]; then
@@ -200,8 +201,11 @@ step = None
 for line in open(sys.argv[2]):
     if line.startswith("{"):
         step = {r["row"]: r for r in json.loads(line)["rows"]}.get("per-sample")
-y = step["images_per_s"] if step else float("nan")
-print(f"pretrain end-to-end: {x:.0f} img/s over {len(rows) - warm} steps; step-only {y:.0f} img/s ({x / y:.2f}x)")
+if step is None:                        # stage 3 failed or was skipped: the line without its ratio
+    print(f"pretrain end-to-end: {x:.0f} img/s over {len(rows) - warm} steps; step-only n/a (no per-sample row)")
+else:
+    y = step["images_per_s"]
+    print(f"pretrain end-to-end: {x:.0f} img/s over {len(rows) - warm} steps; step-only {y:.0f} img/s ({x / y:.2f}x)")
 PYEOF
   tail -1 "$GM_SUMMARY"
 fi

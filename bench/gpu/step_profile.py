@@ -13,7 +13,8 @@ forward's thread and autograd's) and on the GPU (each kernel's and copy's durati
   memory-efficient kernels): the baselines' attention;
 - ``norm``: layer, batch and group norms;
 - ``optimizer``: the optimizer step (Optimizer.step, fused or foreach AdamW and its kernels);
-- ``casts``: dtype conversions and copies (aten::to, _to_copy, copy_; direct_copy kernels);
+- ``casts, copies``: dtype conversions and copies (aten::to, _to_copy, copy_; direct_copy kernels,
+  memcpy and memset on the GPU);
 - ``greenmim ops``: greenmim's ops, eager fast path (its autograd Functions, named after the ops,
   and their backward nodes), custom-op path (greenmim::*) and kernels (greenmim::detail::*);
 - ``other ops``: every other event (elementwise, reductions, autograd bookkeeping, ...);
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-CATEGORIES = ("launches", "sync", "allocator", "GEMM", "attention (torch)", "norm", "optimizer", "casts",
+CATEGORIES = ("launches", "sync", "allocator", "GEMM", "attention (torch)", "norm", "optimizer", "casts, copies",
               "greenmim ops", "other ops")
 
 _GREENMIM_OPS = ("attention_fwd", "attention_bwd", "attention_packed_fwd", "attention_packed_bwd", "partition",
@@ -55,8 +56,7 @@ _GPU_RULES: List[Tuple[str, Tuple[str, ...]]] = [
     ("attention (torch)", ("flash", "fmha", "attention", "mem_eff")),
     ("GEMM", ("gemm", "cutlass", "xmma", "cublas", "sm90_", "sm80_", "cudnn", "conv", "nvjet", "ampere_", "hopper_")),
     ("norm", ("layer_norm", "layernorm", "batch_norm", "group_norm", "rms_norm")),
-    ("casts", ("direct_copy", "copy_kernel", "cast")),
-    ("launches", ("memcpy", "memset")),
+    ("casts, copies", ("direct_copy", "copy_kernel", "cast", "memcpy", "memset")),
 ]
 
 
@@ -65,7 +65,7 @@ def host_category(name: str) -> str:
     if base in _GREENMIM_NAMES or base.startswith("greenmim::"):
         return "greenmim ops"
     if name in _CASTS:
-        return "casts"
+        return "casts, copies"
     for cat, keys in _HOST_RULES:
         if any(k in name for k in keys):
             return cat

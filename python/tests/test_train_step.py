@@ -251,3 +251,32 @@ def test_op_overhead_times_each_op_both_passes(capsys):
     assert res["torch_add_us"] > 0 and res["function_floor_us"] > 0
     with pytest.raises(SystemExit):
         oo.main(["--ops", "bogus"])
+
+
+def test_step_profile_sorts_host_and_gpu_events_into_categories():
+    """bench/gpu/step_profile.py on synthetic profiler events (the GPU side cannot run here): host
+    self times and kernel times land in their categories, the fast path's autograd Functions and
+    their backward nodes count as greenmim's ops, and GPU idle time is the wall minus the union of
+    the kernels' intervals (overlaps counted once)."""
+    from types import SimpleNamespace as NS
+    sp = _bench_module("step_profile", "bench/gpu/step_profile.py")
+
+    def ev(name, dev, start=0, end=0, self_us=0.0):
+        tr = NS(start=start, end=end, elapsed_us=lambda: end - start)
+        return NS(name=name, device_type=f"DeviceType.{dev}", time_range=tr, self_cpu_time_total=self_us)
+    events = [ev("aten::mm", "CPU", self_us=100.0), ev("_attention_packed_fwd", "CPU", self_us=50.0),
+              ev("autograd::engine::evaluate_function: _partitionBackward", "CPU", self_us=20.0),
+              ev("cudaLaunchKernel", "CPU", self_us=30.0), ev("aten::topk", "CPU", self_us=5.0),
+              ev("aten::_to_copy", "CPU", self_us=7.0),
+              ev("sm90_xmma_gemm_bf16bf16_bf16f32", "CUDA", 0, 400),
+              ev("void greenmim::detail::attention_fwd_kernel<...>", "CUDA", 300, 600),
+              ev("void at::native::vectorized_layer_norm_kernel<...>", "CUDA", 1000, 1100)]
+    cats = sp.categories(NS(events=lambda: events), steps=2, wall_ms=2.0)
+    h, g = cats["host"], cats["gpu"]
+    assert h["GEMM"] == 0.05 and h["greenmim ops"] == 0.035 and h["launches"] == 0.015
+    assert h["other ops"] == 0.0025 and h["casts, copies"] == 0.0035    # aten::topk is no cast
+    assert abs(h["untracked host"] - (2.0 - 0.212) / 2) < 1e-12
+    assert g["GEMM"] == 0.2 and g["greenmim ops"] == 0.15 and g["norm"] == 0.05
+    assert abs(g["idle"] - (2.0 - 0.7) / 2) < 1e-12                    # busy: [0, 600] and [1000, 1100] us
+    text = sp.table(cats, 1.0)
+    assert "| greenmim ops | 0.035 | 3.5 | 0.150 | 15.0 |" in text and "| idle | - | - |" in text
