@@ -244,9 +244,9 @@ for i in range(640):
 PYEOF
 fi
 for gm_mode in eager compile fp16 graphs; do
-  gm_extra=()
-  [ "$gm_mode" = compile ] && gm_extra=(--compile)
-  [ "$gm_mode" = fp16 ] && gm_extra=(--amp fp16)
+  gm_extra=(--eager)   # CUDA graphs are the trainer's CUDA default: the other arms opt out
+  [ "$gm_mode" = compile ] && gm_extra=(--eager --compile)
+  [ "$gm_mode" = fp16 ] && gm_extra=(--eager --amp fp16)
   [ "$gm_mode" = graphs ] && gm_extra=(--cuda_graphs)   # its last lines: replays and overflows
   py_step "pretrain cuda $gm_mode" "$GM_LOG/pretrain.log" -m greenmim.pretrain --model green_mim_swin_nano_patch4_dec128b1 \
     --data_path "$GM_SCRATCH/images" --batch_size 64 --epochs 3 --warmup_epochs 1 --lr 1e-3 --max_steps 30 \
