@@ -2,16 +2,15 @@
 //! Private: moving rows of elements between global memory and float registers, one vocabulary for
 //! every kernel family (fp32 / fp16 / bf16 storage, fp32 arithmetic):
 //! - `load(p, x)` / `store(p, x)`: a row's elements to / from a float array;
-//! - the width is a template parameter where a kernel knows it (`row_io<T, V>`, V = 1, 2 or 8
-//!   elements: the convolution kernels) or `seg_io<T>`'s 16 elements with a run-time `vec` where
-//!   the alignment is known only at run time (the attention kernels' SIMT path);
+//! - `row_io<T, V>`: V = 1, 2 or 8 elements, a compile-time width (8: one 16-byte access);
 //! - a load split in two, `fetch` (the row as loaded, `raw`) then `widen` (its floats), where a
 //!   thread holds several rows in flight before it converts any, and `fetch_if`, a predicated
-//!   fetch into the registers of the value it replaces (ptx.cuh's ldg16_if).
-//! The two families keep their own conversion sequences: seg_io's bf16 goes through
-//! __bfloat1622float2 and row_io's through bf16_lo / bf16_hi (the same values, one integer
-//! instruction each), as each kernel's register count was measured with it
-//! (docs/perf/registers/issue-40/).
+//!   fetch into the registers of the value it replaces (ptx.cuh's ldg16_if): the convs;
+//! - `seg_io<T>`: 16 elements with a run-time `vec` (16-byte aligned or not), two row_io<T, 8>
+//!   rows when aligned: the attention kernels' SIMT path.
+//! One conversion per type: bf16 widens by bit placement (bf16_lo / bf16_hi, one integer
+//! instruction a value), fp16 through half2 pairs, and 16-bit stores pack pairs. Built this way,
+//! every kernel that uses it kept its registers (docs/perf/registers/issue-40/).
 #pragma once
 
 #include <cstdint>
@@ -24,89 +23,6 @@
 namespace greenmim {
 namespace detail {
 namespace cuda {
-
-// ---- 16-element row segments ------------------------------------------------------------------
-// load_seg / store_seg move E = 16 consecutive elements between global memory and a float array.
-// `vec` (warp-uniform in practice) says the segment start is 16-byte aligned: then 16-byte
-// accesses are used, else element accesses. Inputs are read through the read-only path.
-
-template <class T>
-struct seg_io;
-
-template <>
-struct seg_io<float> {
-  __device__ __forceinline__ static void load(const float* p, bool vec, float (&x)[16]) {
-    if (vec) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float4 v = __ldg(reinterpret_cast<const float4*>(p) + i);
-        x[4 * i] = v.x; x[4 * i + 1] = v.y; x[4 * i + 2] = v.z; x[4 * i + 3] = v.w;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) x[i] = __ldg(p + i);
-    }
-  }
-  __device__ __forceinline__ static void store(float* p, bool vec, const float (&x)[16]) {
-    if (vec) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        reinterpret_cast<float4*>(p)[i] = make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) p[i] = x[i];
-    }
-  }
-};
-
-// 16 half-precision elements = 32 bytes = two uint4.
-template <class T>
-struct seg_io_16bit {
-  using T2 = typename elem16<T>::pair;
-  __device__ __forceinline__ static float2 to_f2(T2 v) { return elem16<T>::to_floats(v); }
-  __device__ __forceinline__ static void load(const T* p, bool vec, float (&x)[16]) {
-    if (vec) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + i);
-        const unsigned w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          T2 t;
-          memcpy(static_cast<void*>(&t), &w[k], sizeof(t));
-          const float2 f = to_f2(t);
-          x[8 * i + 2 * k] = f.x;
-          x[8 * i + 2 * k + 1] = f.y;
-        }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) x[i] = to_float(p[i]);
-    }
-  }
-  __device__ __forceinline__ static void store(T* p, bool vec, const float (&x)[16]) {
-    if (vec) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        unsigned w[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const T2 t = elem16<T>::from_floats(x[8 * i + 2 * k], x[8 * i + 2 * k + 1]);
-          memcpy(&w[k], &t, sizeof(t));
-        }
-        reinterpret_cast<uint4*>(p)[i] = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) p[i] = from_float<T>(x[i]);
-    }
-  }
-};
-
-template <>
-struct seg_io<__half> : seg_io_16bit<__half> {};
-template <>
-struct seg_io<__nv_bfloat16> : seg_io_16bit<__nv_bfloat16> {};
 
 // ---- V-element row access ----------------------------------------------------------------------
 // load = widen(fetch): `fetch` is the row as loaded (raw), `widen` its V
@@ -175,20 +91,24 @@ struct row_io16 {  // 8 x 2-byte elements in one 16-byte access
 #pragma unroll
       for (int i = 0; i < 4; ++i) { x[2 * i] = bf16_lo(w[i]); x[2 * i + 1] = bf16_hi(w[i]); }
     } else {
-      T e[8];
-      std::memcpy(e, &v, sizeof v);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] = to_float(e[i]);
+      for (int i = 0; i < 4; ++i) {
+        typename elem16<T>::pair t;
+        std::memcpy(static_cast<void*>(&t), &w[i], sizeof t);
+        const float2 f = elem16<T>::to_floats(t);
+        x[2 * i] = f.x; x[2 * i + 1] = f.y;
+      }
     }
   }
   __device__ __forceinline__ static void load(const T* p, float (&x)[8]) { widen(fetch(p), x); }
-  __device__ __forceinline__ static void store(T* p, const float (&x)[8]) {
-    T e[8];
+  __device__ __forceinline__ static void store(T* p, const float (&x)[8]) {  // pairs: one pack each
+    unsigned w[4];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) e[i] = from_float<T>(x[i]);
-    uint4 v;
-    std::memcpy(&v, e, sizeof v);
-    *reinterpret_cast<uint4*>(p) = v;
+    for (int i = 0; i < 4; ++i) {
+      const typename elem16<T>::pair t = elem16<T>::from_floats(x[2 * i], x[2 * i + 1]);
+      std::memcpy(&w[i], &t, sizeof t);
+    }
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 };
 template <>
@@ -221,6 +141,46 @@ struct row_io<float, 2> {
     x[0] = f.x; x[1] = f.y;
   }
 };
+
+// ---- 16-element row segments (the attention kernels' SIMT path) ----------------------------------
+// seg_io<T>::load / store move 16 consecutive elements between global memory and a float array.
+// `vec` (warp-uniform in practice) says the segment start is 16-byte aligned: then two 8-element
+// rows of row_io<T, 8> (16-byte accesses), else element accesses. Inputs are read through the
+// read-only path where aligned.
+template <class T>
+struct seg_io {
+  using row8 = row_io<T, 8>;
+  __device__ __forceinline__ static float (&half(float (&x)[16], int h))[8] {
+    return *reinterpret_cast<float(*)[8]>(x + 8 * h);
+  }
+  __device__ __forceinline__ static const float (&half(const float (&x)[16], int h))[8] {
+    return *reinterpret_cast<const float(*)[8]>(x + 8 * h);
+  }
+  __device__ __forceinline__ static void load(const T* p, bool vec, float (&x)[16]) {
+    if (vec) {
+      row8::load(p, half(x, 0));
+      row8::load(p + 8, half(x, 1));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) x[i] = element(p + i);
+    }
+  }
+  __device__ __forceinline__ static void store(T* p, bool vec, const float (&x)[16]) {
+    if (vec) {
+      row8::store(p, half(x, 0));
+      row8::store(p + 8, half(x, 1));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) p[i] = from_float<T>(x[i]);
+    }
+  }
+  // an unaligned element: fp32 through the read-only path, 16-bit types as plain loads (as before)
+  __device__ __forceinline__ static float element(const T* p) {
+    if constexpr (std::is_same<T, float>::value) return __ldg(p);
+    else return to_float(*p);
+  }
+};
+
 
 }  // namespace cuda
 }  // namespace detail

@@ -143,14 +143,35 @@ struct gmh_twins_planner {
   greenmim::twins_planner planner;
 };
 
+namespace {
+
+//! gmh_*_planner_create of either planner: a new, empty planner in *out.
+template <class Planner>
+int create_planner(Planner** out, const char* fn) {
+  return guarded([&]() -> int {
+    if (!out) return fail(std::string(fn) + ": null argument");
+    *out = new Planner{};
+    return ok();
+  });
+}
+
+//! gmh_*_plan_write of either planner: the prepared plan into the caller's arena.
+template <class Planner>
+int write_plan(const Planner* p, int32_t* arena, const char* fn) {
+  return guarded([&]() -> int {
+    if (!p) return fail(std::string(fn) + ": null planner");
+    if (p->planner.write(arena) != status::success)
+      return fail(std::string(fn) + (arena ? ": no prepared plan (a prepare failed or none ran)" : ": null arena"));
+    return ok();
+  });
+}
+
+}  // namespace
+
 extern "C" {
 
 int gmh_encoder_planner_create(gmh_encoder_planner** out) {
-  return guarded([&]() -> int {
-    if (!out) return fail("gmh_encoder_planner_create: null argument");
-    *out = new gmh_encoder_planner{};
-    return ok();
-  });
+  return create_planner(out, "gmh_encoder_planner_create");
 }
 
 void gmh_encoder_planner_destroy(gmh_encoder_planner* p) { delete p; }
@@ -191,21 +212,11 @@ int gmh_encoder_plan_prepare(gmh_encoder_planner* p, const gmh_encoder_args* a, 
 }
 
 int gmh_encoder_plan_write(const gmh_encoder_planner* p, int32_t* arena) {
-  return guarded([&]() -> int {
-    if (!p) return fail("gmh_encoder_plan_write: null planner");
-    if (p->planner.write(arena) != status::success)
-      return fail(arena ? "gmh_encoder_plan_write: no prepared plan (a prepare failed or none ran)"
-                        : "gmh_encoder_plan_write: null arena");
-    return ok();
-  });
+  return write_plan(p, arena, "gmh_encoder_plan_write");
 }
 
 int gmh_twins_planner_create(gmh_twins_planner** out) {
-  return guarded([&]() -> int {
-    if (!out) return fail("gmh_twins_planner_create: null argument");
-    *out = new gmh_twins_planner{};
-    return ok();
-  });
+  return create_planner(out, "gmh_twins_planner_create");
 }
 
 void gmh_twins_planner_destroy(gmh_twins_planner* p) { delete p; }
@@ -242,13 +253,7 @@ int gmh_twins_plan_prepare(gmh_twins_planner* p, const gmh_twins_args* a, gmh_tw
 }
 
 int gmh_twins_plan_write(const gmh_twins_planner* p, int32_t* arena) {
-  return guarded([&]() -> int {
-    if (!p) return fail("gmh_twins_plan_write: null planner");
-    if (p->planner.write(arena) != status::success)
-      return fail(arena ? "gmh_twins_plan_write: no prepared plan (a prepare failed or none ran)"
-                        : "gmh_twins_plan_write: null arena");
-    return ok();
-  });
+  return write_plan(p, arena, "gmh_twins_plan_write");
 }
 
 }  // extern "C"
