@@ -40,7 +40,7 @@ def main(argv=None) -> int:
         out = os.path.join(work, "pretrain")
         rc = cli.main(["--model", "green_mim_swin_nano_patch4_dec128b1", "--batch_size", "8", "--epochs", "1",
                        "--warmup_epochs", "0", "--lr", "1e-3", "--max_steps", "20", "--output_dir", out,
-                       "--num_workers", "0"])
+                       "--num_workers", "0", "--overwrite"])
         if rc:
             return rc
         ckpt = os.path.join(out, "checkpoint-0-step20.pth")

@@ -1,7 +1,8 @@
 //! \file attention_bwd.cu
-//! Backward entry points of group window attention (C ABI) and the instantiations of the
-//! backward kernels (SIMT: {fp32, fp16, bf16} x head_dim {32, 64}; tensor-core: {fp16, bf16} x
-//! {32, 64}) and of the d(bias) reduction.
+//! Backward entry points of group window attention (C ABI): checks, workspace size, the d(bias)
+//! reduction, and the dispatch to the backward kernels, which are instantiated one file per
+//! element type (attention_bwd_{fp32,fp16,bf16}.cu over detail/attention_bwd_run.cuh; SIMT:
+//! {fp32, fp16, bf16} x head_dim {32, 64}; tensor-core: {fp16, bf16} x {32, 64}).
 //!
 //! Launch sequence (one stream, no host synchronization), SIMT:
 //!   1. attention_bwd_dq_simt   delta = rowsum(dO*O) -> workspace, dq, per-CTA d(bias) partials
@@ -18,10 +19,8 @@
 
 #include <type_traits>
 
-#include "detail/attention_bwd_mma.cuh"
-#include "detail/attention_bwd_mma_tiled.cuh"
+#include "detail/attention_bwd_run.cuh"
 #include "detail/attention_checks.hpp"
-#include "detail/attention_simt.cuh"
 #include "detail/attention_traits.hpp"
 #include "detail/launch.cuh"
 
@@ -62,17 +61,6 @@ __global__ void __launch_bounds__(1024) dbias_reduce(const float* __restrict__ p
   }
 }
 
-constexpr std::size_t ws_align = 256;
-
-//! The current device's opt-in shared memory per block.
-inline cudaError_t query_smem_optin(std::size_t& bytes) {
-  int dev = 0, optin = 0;
-  GM_TRY(cudaGetDevice(&dev));
-  GM_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  bytes = static_cast<std::size_t>(optin);
-  return cudaSuccess;
-}
-
 //! As query_smem_optin, or 0 when no device can be asked (the failed query's error is cleared,
 //! so it does not surface at a later cudaGetLastError).
 inline std::size_t device_smem_optin() {
@@ -83,14 +71,6 @@ inline std::size_t device_smem_optin() {
   }
   return bytes;
 }
-inline std::size_t align_up(std::size_t n) { return (n + ws_align - 1) / ws_align * ws_align; }
-
-struct bwd_layout {
-  std::size_t delta_bytes = 0;    // [B][heads][slots] float
-  std::size_t partial_bytes = 0;  // [B * n_g * q_tiles][heads][rows] float
-  std::int64_t partial_count = 0; // B * n_g * q_tiles
-  std::size_t total() const { return align_up(delta_bytes) + align_up(partial_bytes); }
-};
 
 //! Dynamic shared memory of the tensor-core backward (tiled: the larger of its two kernels').
 inline std::size_t mma_bwd_smem(std::int64_t D, int G, int bias_rows, bool want_dbias) {
@@ -168,93 +148,18 @@ cudaError_t check_bwd(const gm_attention_bwd_args* a, attn_dims& d, bwd_layout& 
   return cudaSuccess;
 }
 
-//! Raises the dynamic shared-memory limit of `kernel` when `bytes` exceeds the default 48 KB.
-template <class K>
-cudaError_t allow_smem(K kernel, std::size_t bytes) {
-  if (bytes <= k_default_smem_bytes) return cudaSuccess;
-  std::size_t optin = 0;
-  GM_TRY(query_smem_optin(optin));
-  GM_REFUSE_IF(bytes > optin,
-               "shared memory of the backward exceeds the device limit (window too large for d_bias_table)");
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-}
-
-template <class T, int D>
-cudaError_t run_bwd(const gm_attention_bwd_args& a, const attn_dims& d, const bwd_layout& ws, bool use_mma,
-                    void* workspace, cudaStream_t stream) {
-  bwd_params<T> p;
-  set_shared_params<T>(p, a, d);
-  p.o = to_rows<const T>(a.o);
-  p.d_o = to_rows<const T>(a.d_o);
-  p.dq = to_rows<T>(a.dq);
-  p.dk = to_rows<T>(a.dk);
-  p.dv = to_rows<T>(a.dv);
-  p.q_tiles = d.q_tiles;
-  const std::size_t es = sizeof(T);
-  const gm_tensor* all[8] = {&a.q, &a.k, &a.v, &a.o, &a.d_o, &a.dq, &a.dk, &a.dv};
-  p.vec = true;
-  for (const gm_tensor* t : all) p.vec = p.vec && rows_aligned16(*t, es);
-  char* w = static_cast<char*>(workspace);
-  p.delta = reinterpret_cast<float*>(w);
-  const bool want_dbias = a.d_bias_table.data != nullptr;
-  p.dbias_partial = want_dbias ? reinterpret_cast<float*>(w + align_up(ws.delta_bytes)) : nullptr;
-
-  bool launched = false;
-  if constexpr (!std::is_same<T, float>::value) {
-    using C = mma_tile<D>;
-    if (use_mma && a.part.group_size > k_mma_one_pass_max_group) {  // two tiled kernels, grid and partials as SIMT's
-      const dim3 grid(static_cast<unsigned>(a.part.num_groups * d.q_tiles), static_cast<unsigned>(d.H),
-                      static_cast<unsigned>(d.B));
-      const std::size_t smem_dq = C::smem_bwd_dq_tiled(d.bias_rows, want_dbias);
-      const std::size_t smem_dkdv = C::smem_bwd_tiled(d.bias_rows);
-      GM_TRY(allow_smem(attention_bwd_dq_mma_tiled<T, D>, smem_dq));
-      GM_TRY(allow_smem(attention_bwd_dkdv_mma_tiled<T, D>, smem_dkdv));
-      GM_TRY(launch(attention_bwd_dq_mma_tiled<T, D>, grid, C::THREADS, smem_dq, stream, p));
-      GM_TRY(launch(attention_bwd_dkdv_mma_tiled<T, D>, grid, C::THREADS, smem_dkdv, stream, p));
-      launched = true;
-    } else if (use_mma) {  // one CTA per (group, head, sample); its d(bias) partial has the SIMT layout (q_tiles = 1)
-      p.q_tiles = 1;
-      const dim3 grid(static_cast<unsigned>(a.part.num_groups), static_cast<unsigned>(d.H), static_cast<unsigned>(d.B));
-      const std::size_t smem = C::smem_bwd(d.bias_rows, want_dbias);
-      GM_TRY(allow_smem(attention_bwd_mma<T, D>, smem));
-      GM_TRY(launch(attention_bwd_mma<T, D>, grid, C::THREADS, smem, stream, p));
-      launched = true;
-    }
-  }
-  if (!launched) {
-    if (use_mma) return refuse("internal: mma path for float32");
-    const dim3 grid(static_cast<unsigned>(a.part.num_groups * d.q_tiles), static_cast<unsigned>(d.H),
-                    static_cast<unsigned>(d.B));
-    const int G = a.part.group_size;
-    const std::size_t smem_dq = simt_tile<D>::smem_bwd_dq(G, want_dbias ? d.bias_rows : 0);
-    GM_TRY(allow_smem(attention_bwd_dq_simt<T, D>, smem_dq));
-    GM_TRY(launch(attention_bwd_dq_simt<T, D>, grid, simt_tile<D>::THREADS, smem_dq, stream, p));
-    GM_TRY(launch(attention_bwd_dkdv_simt<T, D>, grid, simt_tile<D>::THREADS, simt_tile<D>::smem_bwd_dkdv(G), stream, p));
-  }
-  if (want_dbias && ws.partial_count > 0) {
-    table2f out;
-    out.data = static_cast<float*>(a.d_bias_table.data);
-    out.s0 = a.d_bias_table.stride[0];
-    out.s1 = a.d_bias_table.stride[1];
-    out.rows = d.bias_rows;
-    const dim3 rgrid(static_cast<unsigned>((d.bias_rows + 31) / 32), static_cast<unsigned>(d.H));
-    GM_TRY(launch(dbias_reduce, rgrid, dim3(32, 32), 0, stream, p.dbias_partial, ws.partial_count,
-                  static_cast<int>(d.H), d.bias_rows, out));
-  }
-  return cudaSuccess;
-}
-
-template <class T>
-cudaError_t run_bwd_d(const gm_attention_bwd_args& a, const attn_dims& d, const bwd_layout& ws, bool use_mma,
-                      void* workspace, cudaStream_t stream) {
-  return d.D == 32 ? run_bwd<T, 32>(a, d, ws, use_mma, workspace, stream)
-                   : run_bwd<T, 64>(a, d, ws, use_mma, workspace, stream);
-}
-
 }  // namespace
+
+cudaError_t launch_dbias_reduce(const float* partial, std::int64_t count, int heads, int rows, table2f dbias,
+                                cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((rows + 31) / 32), static_cast<unsigned>(heads));
+  return launch(dbias_reduce, grid, dim3(32, 32), 0, stream, partial, count, heads, rows, dbias);
+}
+
 }  // namespace cuda
 }  // namespace detail
 }  // namespace greenmim
+
 
 extern "C" cudaError_t gm_attention_bwd_can_implement(const gm_attention_bwd_args* args) {
   using namespace greenmim::detail::cuda;
@@ -291,7 +196,7 @@ extern "C" cudaError_t gm_attention_bwd(const gm_attention_bwd_args* args, void*
     if (d.B == 0 || d.N == 0 || d.H == 0 || args->part.num_groups == 0) return cudaSuccess;
     GM_REFUSE_IF(workspace_bytes < ws.total(), "workspace smaller than gm_attention_bwd_workspace_size");
     GM_REFUSE_IF(ws.total() > 0 && workspace == nullptr, "workspace is null");
-    GM_REFUSE_IF(reinterpret_cast<std::uintptr_t>(workspace) % ws_align != 0, "workspace must be 256-byte aligned");
+    GM_REFUSE_IF(reinterpret_cast<std::uintptr_t>(workspace) % k_bwd_ws_align != 0, "workspace must be 256-byte aligned");
     return with_element_type(args->dtype, [&](auto t) {
       using T = typename decltype(t)::type;
       return run_bwd_d<T>(*args, d, ws, !std::is_same<T, float>::value && use_mma, workspace, stream);

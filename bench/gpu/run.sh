@@ -8,6 +8,9 @@
 # graphs; Swin-B with CUDA graphs) and its loader alone (bench/loader.py), and last
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on a small test subset.
 #
+# The long, whole-suite run. A session that is lent a device runs bench/gpu/lent_device.sh first
+# (about 8 minutes: the A/B bench, the train-step rows with MAE's and Hiera's, the trainer end to end).
+#
 # Usage (from anywhere):  bench/gpu/run.sh
 # Environment:
 #   OUT=<dir>        raw logs go there (else to a fresh folder); a copy always goes to
@@ -205,22 +208,24 @@ elif [ "$GM_HAVE_TORCH" -eq 1 ] && ! env "${GM_PY_ENV[@]}" "$PYTHON" -c "import 
 else
   py_step "python tests" "$GM_LOG/python_tests.log" -m pytest -q -rs -p no:cacheprovider python/tests
 fi
+# (train_step.py's rows mae and hiera, the other architectures, run in bench/gpu/lent_device.sh)
+GM_ROWS=simmim,greenmim,per-sample,released
 for gm_model in swin_base_patch4_window7_224 swin_large_patch4_window7_224 twins_svt_large; do
   py_step "train step ${gm_model%%_patch*}" "$GM_LOG/train_step.log" bench/gpu/train_step.py --model "$gm_model" \
-    --batch "$BATCH" --csv "$GM_LOG/train_step_${gm_model%%_patch*}.csv"
+    --batch "$BATCH" --rows "$GM_ROWS" --csv "$GM_LOG/train_step_${gm_model%%_patch*}.csv"
   # the whole pretraining models (GreenMIM vs SimMIM with their decoders and losses)
   py_step "train step full ${gm_model%%_patch*}" "$GM_LOG/train_step.log" bench/gpu/train_step.py --model "$gm_model" \
-    --batch "$BATCH" --full --no-breakdown --csv "$GM_LOG/train_step_full_${gm_model%%_patch*}.csv"
+    --batch "$BATCH" --rows "$GM_ROWS" --full --no-breakdown --csv "$GM_LOG/train_step_full_${gm_model%%_patch*}.csv"
   # the step as one CUDA graph (greenmim.pretrain --cuda_graphs' GraphedStep): the host-bound
   # eager step's real comparison, all rows captured alike
   py_step "train step graphs ${gm_model%%_patch*}" "$GM_LOG/train_step.log" \
-    bench/gpu/train_step.py --model "$gm_model" --batch "$BATCH" --full --no-breakdown --plans loader --graphs \
+    bench/gpu/train_step.py --model "$gm_model" --batch "$BATCH" --rows "$GM_ROWS" --full --no-breakdown --plans loader --graphs \
     --csv "$GM_LOG/train_step_graphs_${gm_model%%_patch*}.csv"
   # the same with the trainer's plan pipeline (planned and pinned ahead, copied asynchronously);
   # Swin-B and Twins-L only, to keep the sanitizer steps inside BUDGET
   [ "$gm_model" = swin_large_patch4_window7_224 ] && continue
   py_step "train step full ${gm_model%%_patch*} (plans loader)" "$GM_LOG/train_step.log" bench/gpu/train_step.py \
-    --model "$gm_model" --batch "$BATCH" --full --no-breakdown --plans loader \
+    --model "$gm_model" --batch "$BATCH" --rows "$GM_ROWS" --full --no-breakdown --plans loader \
     --csv "$GM_LOG/train_step_full_loader_${gm_model%%_patch*}.csv"
 done
 # greenmim.pretrain on CUDA: 30 steps of the nano model (bf16, pinned plans from 4 workers), per-sample

@@ -1,45 +1,61 @@
 #!/usr/bin/env python3
-"""The paper's claim, measured: one pretraining step of a Swin or Twins encoder on masked images.
+"""The paper's claim, measured: one pretraining step of a Swin or Twins encoder on masked images,
+next to its peers, in one call.
 
 Rows (encoder forward + backward + AdamW step; bf16 autocast on CUDA; the loss is the mean
 square of the encoder's output; with --full, each row is the whole pretraining model):
-  simmim      timm's SwinTransformer (Twins) on all tokens, masked patches replaced by a mask token
+  simmim      timm's SwinTransformer (Twins) on all tokens, masked patches replaced by a mask token,
+              with timm's fused attention on (timm leaves Swin's off: baselines.fused_attention_on)
   greenmim    our visible-token encoder, greenmim's ops, one mask shared by the batch
   per-sample  the same with a different mask per sample, packed across the batch
   released    our visible-token encoder with the released attention path in plain PyTorch
+  mae         MAE ViT-B/16 on its 25% visible patches (timm's ViT blocks; --full: MAE's decoder and loss)
+  hiera       Hiera-B's MAE on timm's Hiera (hiera_base_224's sizes), 60% of its mask units masked
 --full: the paper's real comparison, whole models (encoder, decoder, loss):
   simmim      SimMIM: timm's Swin with a mask token, its linear decoder (1x1 conv + pixel
               shuffle to the 32 px stride) and L1 on the masked pixels
   greenmim    greenmim.GreenMIM (decoder 512 x 1 block; 128 for the toy), shared mask
   per-sample  the same, per-sample masks
   released    greenmim.GreenMIM with the released attention path
+  mae, hiera  their MAE models (bench/gpu/baselines.py), each on its own masking
 Each step draws a new mask and plans it (cache off), so planning and index building are in the
 step time (--plans inline, the default). --plans loader does what greenmim.pretrain's DataLoader
 does instead: masks are drawn and planned on the CPU before the timed steps, pinned (CUDA), and
-each step copies its plan (SimMIM: its mask) to the device asynchronously; the step then holds no
-planning and no host-device synchronisation. Prints a table (median step time after warm-up, peak memory), the ratios the issue
-sets as targets, and a per-stage breakdown like the paper's appendix table.
+each step copies its plan (the dense rows: their mask) to the device asynchronously; the step then
+holds no planning and no host-device synchronisation. Prints a table (median step time after
+warm-up, images/s, peak memory, FLOPs and MFU), the ratios the issue sets as targets, and a
+per-stage breakdown like the paper's appendix table.
+
+MFU: the FLOPs of one eager forward + backward of the row's model, counted by torch's
+FlopCounterMode (greenmim's ops included: greenmim.flops.register_flop_formulas; the optimizer's
+elementwise work is not counted), divided by the median step time and by the device's dense
+bf16 peak (PEAK_BF16_TFLOPS, from NVIDIA's datasheets; an unknown device or the CPU: blank).
 
     python bench/gpu/train_step.py --model swin_base_patch4_window7_224 --batch 128 [--full]
     python bench/gpu/train_step.py --model twins_svt_large --batch 128 [--full]   # Twins (no breakdown)
     python bench/gpu/train_step.py --cpu          # the --full rows for a toy Swin on this CPU
     python bench/gpu/train_step.py --cpu --model toy-twins     # ... for a toy Twins
     python bench/gpu/train_step.py --toy          # CPU, tiny model, 1 step: the CI smoke run
-    python bench/gpu/train_step.py --full --rows greenmim --trace traces/   # + torch.profiler trace
+    python bench/gpu/train_step.py --full --rows greenmim --trace traces/   # + profiler trace, time by category
     python bench/gpu/train_step.py --full --compile [reduce-overhead]        # every row torch.compile'd
+    python bench/gpu/train_step.py --full --graphs --compile --compile-rows simmim,greenmim   # compile where it helps
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import sys
 import time
 
 import torch
-from torch import nn
 
 import greenmim
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from baselines import DENSE, SimMIMTwins, make_row  # noqa: E402,F401  (SimMIMTwins, make_row: tests, activation_memory.py)
+import step_profile  # noqa: E402
 
 MODELS = {  # name: (architecture kwargs, image size, window, Swin V2)
     "swin_base_patch4_window7_224": (dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)), 224, 7, False),
@@ -54,71 +70,17 @@ TWINS = {
     "twins_svt_large": (dict(embed_dims=(128, 256, 512, 1024), depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)), 224),
     "toy-twins": (dict(embed_dims=(32, 64, 128, 256), depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)), 224),
 }
-ROWS = ("simmim", "greenmim", "per-sample", "released")
+ROWS = ("simmim", "greenmim", "per-sample", "released", "mae", "hiera")
+# dense bf16 tensor-core peaks, TFLOP/s (NVIDIA datasheets, without sparsity), by device name; the
+# first entry whose key is in torch.cuda.get_device_name() wins (more specific names first)
+PEAK_BF16_TFLOPS = (("H200 NVL", 835.0), ("H200", 989.0), ("GH200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0),
+                    ("H100", 989.0), ("H800", 989.0), ("B200", 2250.0), ("A100", 312.0), ("A800", 312.0),
+                    ("L40S", 362.0), ("L4", 121.0), ("A10G", 70.0))
 
 
-class SimMIMSwin(nn.Module):
-    """SimMIM's encoder: timm's Swin over all tokens, masked patch embeddings replaced by a
-    learned mask token."""
-
-    def __init__(self, timm_model: nn.Module, dim: int):
-        super().__init__()
-        self.swin = timm_model
-        self.mask_token = nn.Parameter(torch.zeros(1, 1, 1, dim))
-        nn.init.trunc_normal_(self.mask_token, std=0.02)
-
-    def forward(self, img: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
-        x = self.swin.patch_embed(img)                                  # [B, H, W, C]
-        w = masked.unsqueeze(-1).to(x.dtype)
-        x = x * (1 - w) + self.mask_token.to(x.dtype) * w
-        return self.swin.norm(self.swin.layers(x))
-
-
-class SimMIMTwins(nn.Module):
-    """The same for timm's Twins: masked patch embeddings of stage 1 replaced by a mask token,
-    then timm's stages on all tokens (``Twins.forward_features`` from its first PEG on).
-    Returns ``[B, h, w, C]`` like :class:`SimMIMSwin`."""
-
-    def __init__(self, timm_model: nn.Module, dim: int):
-        super().__init__()
-        self.twins = timm_model
-        self.mask_token = nn.Parameter(torch.zeros(1, 1, dim))
-        nn.init.trunc_normal_(self.mask_token, std=0.02)
-
-    def forward(self, img: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
-        t, B = self.twins, img.shape[0]
-        x = img
-        for i, (embed, drop, blocks, peg) in enumerate(zip(t.patch_embeds, t.pos_drops, t.blocks, t.pos_block)):
-            x, size = embed(x)
-            if i == 0:
-                w = masked.reshape(B, -1, 1).to(x.dtype)
-                x = x * (1 - w) + self.mask_token.to(x.dtype) * w
-            x = drop(x)
-            for j, blk in enumerate(blocks):
-                x = blk(x, size)
-                if j == 0:
-                    x = peg(x, size)
-            x = x.reshape(B, *size, -1)
-            if i < len(t.blocks) - 1:
-                x = x.permute(0, 3, 1, 2).contiguous()
-        return t.norm(x)
-
-
-class SimMIM(nn.Module):
-    """SimMIM's whole model: the encoder above, a 1x1 conv to stride^2 * 3 channels, a pixel
-    shuffle back to the image, and L1 on the masked pixels (SimMIM's simmim.py)."""
-
-    def __init__(self, encoder: SimMIMSwin, num_features: int, stride: int = 32):
-        super().__init__()
-        self.encoder, self.stride = encoder, stride
-        self.decoder = nn.Sequential(nn.Conv2d(num_features, stride ** 2 * 3, kernel_size=1), nn.PixelShuffle(stride))
-
-    def forward(self, img: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
-        z = self.encoder(img, masked)                                   # [B, h, w, C]
-        rec = self.decoder(z.permute(0, 3, 1, 2).contiguous())
-        p = img.shape[-1] // masked.shape[-1]                           # patch size
-        m = masked.repeat_interleave(p, 1).repeat_interleave(p, 2).unsqueeze(1).to(rec.dtype)
-        return (torch.abs(img - rec) * m).sum() / (m.sum() + 1e-5) / 3
+def peak_tflops(name: str):
+    """The dense bf16 peak of the device called ``name``, or None (unknown device, the CPU)."""
+    return next((v for k, v in PEAK_BF16_TFLOPS if k in name), None)
 
 
 class Clock:
@@ -136,44 +98,10 @@ def unit_masks(batch: int, per_sample: bool, ratio: float, gen: torch.Generator,
     return greenmim.random_masks(batch if per_sample else None, grid=grid, ratio=ratio, generator=gen)
 
 
-def make_twins_row(row: str, cfg: dict, args, device):
-    width = cfg["embed_dims"][-1]
-    if row == "simmim":
-        import timm
-        m = timm.models.twins.Twins(img_size=args.img, num_classes=0, wss=(7, 7, 7, 7), drop_path_rate=0.0, **cfg)
-        enc = SimMIMTwins(m, cfg["embed_dims"][0])
-        return (SimMIM(enc, width) if args.full else enc).to(device)
-    enc = greenmim.VisibleTwins(img_size=args.img, attn_impl="released" if row == "released" else "greenmim", **cfg)
-    if not args.full:
-        return enc.to(device)
-    dec = dict(decoder_embed_dim=128, decoder_num_heads=4) if cfg["embed_dims"][0] <= 32 else {}
-    return greenmim.GreenMIM(enc, **dec).to(device)
-
-
-def make_row(row: str, cfg: dict, args, device):
-    if args.twins:
-        return make_twins_row(row, cfg, args, device)
-    width = cfg["embed_dim"] << (len(cfg["depths"]) - 1)
-    if row == "simmim":
-        import timm
-        cls = timm.models.swin_transformer_v2.SwinTransformerV2 if args.v2 else \
-            timm.models.swin_transformer.SwinTransformer
-        m = cls(img_size=args.img, num_classes=0, window_size=args.window, drop_path_rate=0.0, **cfg)
-        enc = SimMIMSwin(m, cfg["embed_dim"])
-        return (SimMIM(enc, width) if args.full else enc).to(device)
-    impl = "released" if row == "released" else "greenmim"
-    cls = greenmim.VisibleSwinTransformerV2 if args.v2 else greenmim.VisibleSwinTransformer
-    enc = cls(img_size=args.img, window_size=args.window, attn_impl=impl, **cfg)
-    if not args.full:
-        return enc.to(device)
-    dec = dict(decoder_embed_dim=128, decoder_num_heads=4) if cfg["embed_dim"] <= 32 else {}
-    return greenmim.GreenMIM(enc, **dec).to(device)
-
-
 def run_row(row: str, cfg: dict, args, device) -> dict:
     gen = torch.Generator().manual_seed(args.seed)
     model = make_row(row, cfg, args, device)
-    if row != "simmim":
+    if row not in DENSE:
         greenmim.set_activation_recompute(model, not args.no_recompute)
     # fused on CUDA for every row (the trainer's choice; foreach took 19% of a step's GPU time);
     # capturable (its step count on the device) when the step is a CUDA graph
@@ -185,6 +113,7 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
     clock = Clock(device)
     per_sample = row == "per-sample"
     g0 = args.img // 4
+    compiled = bool(args.compile) and (args.compile_rows is None or row in args.compile_rows)
 
     def simmim_mask(units):
         return ~units.repeat_interleave(g0 // grid, -2).repeat_interleave(g0 // grid, -1)
@@ -192,13 +121,13 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
     net = model
     inline_plan = lambda units: model.plan(units, device=device, cache=False)  # noqa: E731
     loader_plan = lambda units: model.plan(units, cache=False)                 # noqa: E731
-    if args.compile:
-        # every row compiled alike; greenmim's plans as greenmim.pretrain --compile makes them: G fixed
-        # at each stage's window area and the group axis dynamic, so fresh masks do not recompile
-        # (with --graphs the plans are padded to one capacity instead: static shapes)
+    if compiled:
+        # greenmim's plans as greenmim.pretrain --compile makes them: G fixed at each stage's window
+        # area and the group axis dynamic, so fresh masks do not recompile (with --graphs the plans
+        # are padded to one capacity instead: static shapes)
         net = torch.compile(model, mode=args.compile)
     info = {}
-    if (args.compile or args.graphs) and row != "simmim":
+    if (compiled or args.graphs) and row not in DENSE:
         from greenmim.pretrain.data import Geometry, pad_to
         geometry = Geometry(model, fixed_groups=True)
         inline_plan = loader_plan = geometry.plan
@@ -211,34 +140,39 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
                 info["counts"].append(plan.group_counts())
                 return pad_to(plan, info["capacity"])
             inline_plan = loader_plan = padded
+
+    def draw(plan_fn):
+        """The step's item: the dense rows' mask (MAE: a permutation), else the mask's plan."""
+        if row in ("mae", "hiera"):
+            return model.draw(args.batch, gen)
+        units = unit_masks(args.batch, per_sample, args.ratio, gen, grid)
+        return simmim_mask(units) if row == "simmim" else plan_fn(units)
+
     ready = None
     if args.plans == "loader":   # made before the timed steps, pinned: the trainer's DataLoader
-        ready = []
-        for _ in range(args.warmup + args.steps):
-            units = unit_masks(args.batch, per_sample, args.ratio, gen, grid)
-            item = simmim_mask(units) if row == "simmim" else loader_plan(units)
-            ready.append(item.pin_memory() if device.type == "cuda" else item)
-        ready = iter(ready)
+        ready = iter([item.pin_memory() if device.type == "cuda" else item
+                      for item in (draw(loader_plan) for _ in range(args.warmup + args.steps))])
 
     def next_item():
-        if ready is not None:
-            return next(ready)
-        units = unit_masks(args.batch, per_sample, args.ratio, gen, grid)
-        return simmim_mask(units) if row == "simmim" else inline_plan(units)
+        return next(ready) if ready is not None else draw(inline_plan)
 
-    def loss_of(x, item):
+    def loss_of(x, item, m=None):
+        m = net if m is None else m
         if row == "simmim":
-            out = net(x, item.expand(args.batch, g0, g0))
+            out = m(x, item.expand(args.batch, g0, g0))
+        elif row in DENSE:
+            out = m(x, item)
         else:
-            out = net(x, item) if args.full else model.forward_features(x, item)   # visible tokens
-        return out.float() if args.full and row == "simmim" else \
-            (out[0].float() if args.full else out.float().square().mean())
+            out = m(x, item) if args.full else model.forward_features(x, item)   # visible tokens
+        if args.full:
+            return out.float() if row in DENSE else out[0].float()
+        return out.float().square().mean()
 
     amp = torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
 
     def step():
         item = next_item().to(device, non_blocking=True)
-        if args.compile and row != "simmim":
+        if compiled and row not in DENSE:
             item.mark_dynamic()
         with amp:
             loss = loss_of(img, item)
@@ -248,7 +182,7 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
 
     graphed = None
     if args.graphs:
-        # greenmim.pretrain --cuda_graphs' own step (pretrain/graphs.py): captured once, replayed;
+        # greenmim.pretrain's own graphed step (pretrain/graphs.py): captured once, replayed;
         # the graph allocates its memory while captured, so the peak counts from before that
         from greenmim.pretrain.graphs import GraphedStep
         if device.type == "cuda":
@@ -265,13 +199,22 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
         step()
         times.append((clock() - t0) * 1e3)
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
-    if args.trace and ready is None:
-        trace_steps(step, row, args, device)
-    out = dict(row=row, ms=statistics.median(times), ms_min=min(times), peak_gib=peak, steps=args.steps)
+    trace = trace_steps(step, row, args, device) if args.trace and ready is None else None
+    ms = statistics.median(times)
+    flops = step_flops(lambda: loss_of(img, draw(inline_plan).to(device), m=model), amp, model) if args.flops else None
+    out = dict(row=row, ms=ms, ms_min=min(times), images_per_s=args.batch / ms * 1e3, peak_gib=peak,
+               gflop=flops / 1e9 if flops is not None else float("nan"), mfu=float("nan"), steps=args.steps,
+               compiled=compiled, graphs=bool(args.graphs))
+    if flops is not None and args.peak_tflops:
+        out["mfu"] = flops / (ms / 1e3) / (args.peak_tflops * 1e12)
+    if trace is not None:
+        out["trace"] = trace
     if graphed is not None:
         cap, counts = info.get("capacity"), info.get("counts", [])
         text = (f"{row}: CUDA graph, {graphed.overflows} of {graphed.overflows + graphed.replays} steps ran eagerly "
                 f"(overflow)")
+        if graphed.failure:
+            text += f"; capture failed: {graphed.failure}"
         if cap and counts:
             pad = 100 * (1 - statistics.mean(c[0][0] for c in counts) / cap[0][0])
             text += f"; capacity {cap}, stage 1 padded by {pad:.1f}% of its groups on average"
@@ -282,28 +225,49 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
     return out
 
 
-def trace_steps(step, row: str, args, device) -> None:
+def step_flops(loss_fn, amp, model) -> float:
+    """FLOPs of one eager forward + backward (``loss_fn()`` under ``amp``, then its backward), as
+    torch's FlopCounterMode counts them, greenmim's ops by their registered formulas (under the
+    counter, a dispatch mode, they run as custom ops: greenmim/_dispatch.py); the gradients are dropped."""
+    from torch.utils.flop_counter import FlopCounterMode
+    import greenmim.flops
+    greenmim.flops.register_flop_formulas()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        with amp:
+            loss = loss_fn()
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops())
+
+
+def trace_steps(step, row: str, args, device) -> dict:
     """args.trace_steps more steps (3; 1 with --toy) under torch.profiler: a Chrome trace in
-    args.trace, and the ops that cost the most host time and device time printed (where a step
-    waits: the host or the GPU). On the CPU a toy step records about 10,000 events, and torch's
-    key_averages() takes about 3 s of host time per step recorded: the profiling, not the steps,
-    would be most of a toy run."""
-    import os
+    args.trace, the step's host and GPU time by category (step_profile.py), and the ops that cost
+    the most host time and device time (where a step waits: the host or the GPU). On the CPU a toy
+    step records about 10,000 events, and torch's key_averages() takes about 3 s of host time per
+    step recorded: the profiling, not the steps, would be most of a toy run."""
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    clock = Clock(device)
     with profile(activities=acts) as prof:
+        t0 = clock()
         for _ in range(args.trace_steps):
             step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        wall = (clock() - t0) * 1e3
     os.makedirs(args.trace, exist_ok=True)
     path = os.path.join(args.trace, f"trace_{args.model}_{row}.json")
     prof.export_chrome_trace(path)
-    print(f"\n## {row}: {args.trace_steps} step{'s' if args.trace_steps > 1 else ''} under torch.profiler "
-          f"(Chrome trace {path})")
+    n = args.trace_steps
+    print(f"\n## {row}: {n} step{'s' if n > 1 else ''} under torch.profiler (Chrome trace {path})")
+    cats = step_profile.categories(prof, n, wall)
+    print(f"time by category, per step (host: self time of the profiler's events; {wall / n:.2f} ms wall a step "
+          f"under the profiler)")
+    print(step_profile.table(cats, wall / n))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
     if device.type == "cuda":
         print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=60))
+    return cats
 
 
 def _time(fn, clock, reps):
@@ -392,9 +356,14 @@ def main(argv=None) -> int:
                     help="capture each row's whole step (forward, backward, AdamW) as one CUDA graph and replay it "
                          "(CUDA, --full): greenmim's plans are padded to one capacity (MaskPlan.padded); with "
                          "--compile, the compiled model is captured")
+    ap.add_argument("--compile-rows", default=None, metavar="ROWS",
+                    help="with --compile: compile these rows only (comma-separated), the others eager (or graphed)")
+    ap.add_argument("--no-flops", dest="flops", action="store_false",
+                    help="skip counting each row's FLOPs (one eager step under FlopCounterMode) and its MFU")
+    ap.add_argument("--json", action="store_true", help="also print the rows as one JSON object on the last line")
     ap.add_argument("--cpu", action="store_true",
-                    help="--full rows for a toy Swin (embed 32; a Twins model: toy-twins) at batch 16 on this CPU, "
-                         "no breakdown")
+                    help="--full rows for a toy Swin (embed 32; a Twins model: toy-twins) at batch 16 on this CPU "
+                         "(MAE's and Hiera's at toy sizes too), no breakdown")
     args = ap.parse_args(argv)
     args.twins = args.model in TWINS
     if args.cpu:
@@ -409,10 +378,17 @@ def main(argv=None) -> int:
         ap.error("--compile needs --full (it compiles the whole pretraining models)")
     if args.graphs and (not args.full or args.device != "cuda" or args.trace):
         ap.error("--graphs needs --full and a CUDA device (and no --trace)")
+    if args.batch < 1 or args.steps < 1 or args.warmup < 0:
+        ap.error("--batch and --steps must be >= 1, --warmup >= 0")
     rows = [r for r in args.rows.split(",") if r]
     bad = [r for r in rows if r not in ROWS]
     if bad:
         ap.error(f"unknown rows {bad}; choose from {ROWS}")
+    if args.compile_rows is not None:
+        args.compile_rows = [r for r in args.compile_rows.split(",") if r]
+        bad = [r for r in args.compile_rows if r not in ROWS]
+        if bad or not args.compile:
+            ap.error(f"--compile-rows needs --compile and rows from {ROWS}" + (f" (unknown {bad})" if bad else ""))
     device = torch.device(args.device)
     if args.twins:
         (cfg, img), args.window, args.v2 = TWINS[args.model], 7, False
@@ -421,22 +397,32 @@ def main(argv=None) -> int:
         cfg, img, args.window, args.v2 = MODELS[args.model]
     args.img = args.img or img
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    args.peak_tflops = peak_tflops(name) if device.type == "cuda" else None
+    compiled = "" if not args.compile else \
+        f"torch.compile ({args.compile}{', rows ' + ','.join(args.compile_rows) if args.compile_rows else ''}), "
     print(f"== train step{' (whole models)' if args.full else ''}: {args.model}, batch {args.batch}, {args.img} px, ratio {args.ratio}, "
-          f"plans {args.plans}, {'torch.compile (' + args.compile + '), ' if args.compile else ''}"
+          f"plans {args.plans}, {compiled}"
           f"{'no recompute, ' if args.no_recompute else ''}{'CUDA graphs, ' if args.graphs else ''}"
           f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}, AdamW, {name}, torch {torch.__version__}")
+    print("timm's fused attention on in the simmim, mae and hiera rows; "
+          + (f"MFU against {args.peak_tflops:g} TFLOP/s dense bf16 ({name})" if args.peak_tflops else
+             f"MFU blank: no dense bf16 peak known for {name}"))
     results = []
     for r in rows:
         res = run_row(r, cfg, args, device)
         results.append(res)
         print(f"{r}: {res['ms']:.2f} ms/step (median of {args.steps}), peak {res['peak_gib']:.2f} GiB", flush=True)
-    print("\n| row | median ms/step | min ms | peak GiB | speed-up vs simmim | memory vs simmim |")
-    print("|---|---|---|---|---|---|")
+    print("\n| row | median ms/step | min ms | images/s | peak GiB | GFLOP/step | MFU | speed-up vs simmim "
+          "| memory vs simmim |")
+    print("|---|---|---|---|---|---|---|---|---|")
     base = next((x for x in results if x["row"] == "simmim"), None)
     for x in results:
         sp = f"{base['ms'] / x['ms']:.2f}x" if base else "-"
         mem = f"{100 * x['peak_gib'] / base['peak_gib']:.0f}%" if base and base["peak_gib"] == base["peak_gib"] else "-"
-        print(f"| {x['row']} | {x['ms']:.2f} | {x['ms_min']:.2f} | {x['peak_gib']:.2f} | {sp} | {mem} |")
+        gf = f"{x['gflop']:.1f}" if x["gflop"] == x["gflop"] else "-"
+        mfu = f"{100 * x['mfu']:.1f}%" if x["mfu"] == x["mfu"] else ""
+        print(f"| {x['row']} | {x['ms']:.2f} | {x['ms_min']:.2f} | {x['images_per_s']:.0f} | {x['peak_gib']:.2f} | {gf} "
+              f"| {mfu} | {sp} | {mem} |")
     by = {x["row"]: x for x in results}
     if "greenmim" in by and "per-sample" in by:
         print(f"per-sample / shared step time: {by['per-sample']['ms'] / by['greenmim']['ms']:.3f}")
@@ -444,7 +430,7 @@ def main(argv=None) -> int:
         print(f"released / greenmim step time: {by['released']['ms'] / by['greenmim']['ms']:.3f}")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(results[0]))
+            w = csv.DictWriter(f, fieldnames=[k for k in results[0] if k != "trace"], extrasaction="ignore")
             w.writeheader()
             w.writerows(results)
     if not args.no_breakdown:
@@ -460,6 +446,12 @@ def main(argv=None) -> int:
                                         ("plan", "index", "group", "ungroup", "attn_fwd", "attn_bwd")]
                 print(f"| {r['stage']} | {sh} | " + " | ".join(vals) + " |")
     print("train_step: done")
+    if args.json:
+        import json
+        print(json.dumps(dict(model=args.model, batch=args.batch, device=name, full=args.full, graphs=args.graphs,
+                              compile=args.compile, peak_tflops=args.peak_tflops,
+                              rows=[{k: (None if isinstance(v, float) and v != v else v) for k, v in x.items()}
+                                    for x in results])))
     return 0
 
 

@@ -8,6 +8,12 @@
 //! x3], -1)` in Swin's PatchMerging; then LayerNorm(4C) and Linear(4C -> 2C) follow (not here).
 //! A 2x2 block must be all visible or all masked (guaranteed by a 32 px mask unit); anything else
 //! is refused with `status::misaligned`.
+//!
+//! **A reference builder.** The product path builds every stage and shift of an encoder in one
+//! pass, into one arena: encoder_plan.hpp (Twins: twins_plan.hpp), over
+//! detail/window_partitioners.hpp. This header builds one stage at a time with full validation;
+//! it is the reference the encoder planner is tested against (test/test_encoder_plan.cpp), and
+//! what the CLI, the benchmarks and `greenmim.testing` use.
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,8 @@
 //! window 6; timm's Swin V2 shapes), user-built geometries validated in one place
 //! (`validate_model_shape`, `make_model_shape`), and Twins-B/L for the sparse-conv simulations.
 //! What the CUDA kernels accept of a shape is theirs to say: <greenmim/kernel_limits.hpp>.
+//! The presets are the CLI's copy of the PyTorch package's (python/greenmim/swin.py, swinv2.py,
+//! twins.py, mim.py): python/tests/test_surface.py checks that the two agree, so change both.
 #pragma once
 
 #include <cstring>

@@ -4,6 +4,12 @@
 //! `[B, N, C] <-> [B, n_g*G, C]`. Both token axes of windows.hpp (shared mask, per-sample flat
 //! layout) are supported. Every builder writes its result into temporaries and swaps them into the
 //! output only on success: on failure the output is left as it was.
+//!
+//! **A reference builder.** The product path builds every stage and shift of an encoder in one
+//! pass, into one arena: encoder_plan.hpp (Twins: twins_plan.hpp), over
+//! detail/window_partitioners.hpp. This header builds one stage at a time with full validation;
+//! it is the reference the encoder planner is tested against (test/test_encoder_plan.cpp), and
+//! what the CLI, the benchmarks and `greenmim.testing` use.
 #pragma once
 
 #include <algorithm>

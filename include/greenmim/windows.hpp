@@ -11,6 +11,12 @@
 //!     `build_windows_per_sample(geometry, cu_seqlens, coords, list)`. Coordinates may be ANY set of
 //!     grid positions (a DynamicViT-style keep set works as well as a mask-unit aligned mask).
 //! The builders write into temporaries and swap them into the output only on success.
+//!
+//! **A reference builder.** The product path builds every stage and shift of an encoder in one
+//! pass, into one arena: encoder_plan.hpp (Twins: twins_plan.hpp), over
+//! detail/window_partitioners.hpp. This header builds one stage at a time with full validation;
+//! it is the reference the encoder planner is tested against (test/test_encoder_plan.cpp), and
+//! what the CLI, the benchmarks and `greenmim.testing` use.
 #pragma once
 
 #include <algorithm>

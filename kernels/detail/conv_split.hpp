@@ -1,6 +1,6 @@
 //! \file conv_split.hpp
 //! Private host arithmetic of the convolution kernels' deterministic reductions, tested on the host
-//! (test/gpu/test_conv_gpu.cpp): how the depthwise backward cuts (tokens x samples) into the
+//! (test/gpu/test_depthwise_conv_gpu.cpp, test_block_conv_gpu.cpp): how the depthwise backward cuts (tokens x samples) into the
 //! pieces whose dweight/dbias partials a second kernel sums in a fixed order, and how the block
 //! conv's GEMMs split their reduction axis (split-K, partials summed in split order). Both cuts
 //! depend on the shapes only, never on the device, so results are bitwise the same on every GPU.
@@ -23,7 +23,7 @@ struct dw_grad_split {
 //! workspace stays <= 10 * 4 * k_dw_max_part_floats bytes = 40 MiB whatever the shape.
 constexpr std::int64_t k_dw_max_part_floats = std::int64_t(1) << 20;
 
-//! Channel groups per CTA of the depthwise kernels, at most (dw_block_groups in depthwise_conv.cu).
+//! Channel groups per CTA of the depthwise kernels, at most (dw_block_groups in dw_weights.cuh).
 constexpr int k_dw_max_groups = 32;
 
 //! The dweight kernel's CTAs for one piece: its channel blocks, pairs of channels in blocks of up

@@ -1,7 +1,8 @@
 //! \file cuda_emu.cpp
 //! The CPU emulator of cuda_emu.hpp: fibers per CUDA thread, barriers and warp collectives,
 //! guard pages, faults and kernel launches. ldmatrix / mma.sync: cuda_emu_mma.cpp; the CUDA
-//! runtime API: cuda_emu_runtime.cpp (the emulated device has sm_90 limits).
+//! runtime API and the state the files share (errors, shared memory): cuda_emu_runtime.cpp (the
+//! emulated device has sm_90 limits); the x86-64 context switch: cuda_emu_switch.cpp.
 #include "cuda_emu.hpp"
 #include "emu_state.hpp"
 
@@ -26,24 +27,7 @@ uint3 g_block_idx{0, 0, 0};
 dim3 g_block_dim{1, 1, 1};
 dim3 g_grid_dim{1, 1, 1};
 
-namespace internal {
-
-region g_smem;             // the running CTA's dynamic shared memory
-std::size_t g_smem_bytes = 0;
-std::map<const void*, int> g_max_dyn_smem;  // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel
-
-// ---- errors --------------------------------------------------------------------------------------
-cudaError_t g_last_error = cudaSuccess;    // returned and cleared by cudaGetLastError
-cudaError_t g_sticky_error = cudaSuccess;  // a kernel fault: every later call fails
-std::string g_fault;
-std::uint64_t g_blocks_run = 0;
-
-cudaError_t record(cudaError_t e) {
-  if (e != cudaSuccess) g_last_error = e;
-  return e;
-}
-
-}  // namespace internal
+// The shared state of emu_state.hpp (errors, shared memory) is defined in cuda_emu_runtime.cpp.
 namespace {
 
 // ---- fibers --------------------------------------------------------------------------------------
@@ -56,37 +40,7 @@ constexpr std::size_t k_stack_bytes = 256 * 1024;
 #define GM_EMU_FAST_SWITCH 1
 }  // namespace
 }  // namespace gm_emu
-extern "C" void gm_emu_switch(void** save_sp, void* new_sp);
-asm(R"(
-  .text
-  .globl gm_emu_switch
-  .type gm_emu_switch, @function
-gm_emu_switch:
-  pushq %rbp
-  pushq %rbx
-  pushq %r12
-  pushq %r13
-  pushq %r14
-  pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
-  movq %rsp, (%rdi)
-  movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
-  popq %r15
-  popq %r14
-  popq %r13
-  popq %r12
-  popq %rbx
-  popq %rbp
-  ret
-  .size gm_emu_switch, .-gm_emu_switch
-  .section .note.GNU-stack,"",@progbits
-  .text
-)");
+extern "C" void gm_emu_switch(void** save_sp, void* new_sp);  // cuda_emu_switch.cpp
 namespace gm_emu {
 namespace {
 #endif

@@ -24,6 +24,20 @@ std::size_t page_size() {
 }
 
 std::map<const char*, region> g_regions;  // by user pointer (the emulator is single-threaded)
+region g_smem;             // the running CTA's dynamic shared memory
+std::size_t g_smem_bytes = 0;
+std::map<const void*, int> g_max_dyn_smem;  // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel
+
+// ---- errors --------------------------------------------------------------------------------------
+cudaError_t g_last_error = cudaSuccess;    // returned and cleared by cudaGetLastError
+cudaError_t g_sticky_error = cudaSuccess;  // a kernel fault: every later call fails
+std::string g_fault;
+std::uint64_t g_blocks_run = 0;
+
+cudaError_t record(cudaError_t e) {
+  if (e != cudaSuccess) g_last_error = e;
+  return e;
+}
 
 region make_region(std::size_t bytes, std::size_t align, const char* what) {
   const std::size_t pg = page_size();

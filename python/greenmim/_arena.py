@@ -4,26 +4,186 @@ layout: :class:`greenmim.MaskPlan` (Swin) and :class:`greenmim.TwinsPlan` (Twins
 Moving such a plan to a device, pinning it (a DataLoader does) or sending it to another process
 (pickling, as DataLoader workers do) moves that one tensor; the subclass rebuilds its views from
 ``(arena, layout)``.
+
+The layout is a tree of named records (:class:`Record`): a :class:`PlanLayout` whose stages are
+the plan's stage records, each with its :class:`PartitionLayout` s and the ranges of its other
+arrays. They are read from the library's info struct by field name (:class:`StructReader`), so
+the load-time check of that struct's layout (``_lib.check_layouts``) covers every number read.
 """
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
-from typing import Dict, Iterable, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from . import _lib
 
-Range = Tuple[int, int]   # (offset, size) in int32 entries
+Range = Tuple[int, int]   # (offset, size) in int32 entries: a plain pair, the layout's leaves
 
 
-def arena_views(arena: Tensor, ranges: Iterable[Range]) -> Dict[Range, Tensor]:
-    """Every non-empty range of the arena as a view, from one ``split`` (ranges tile the arena
-    in order; empty ones map to nothing: look them up with ``.get(r, arena[:0])``)."""
+class Record(tuple):
+    """A named, immutable record that is a tuple: fields by name (``part.num_groups``), and a
+    tuple's equality, hashing and pickling. Unlike a NamedTuple it has no Python ``__new__`` or
+    ``__getnewargs__``, so it pickles and unpickles in C, nearly as cheaply as a plain tuple: a
+    plan's layout crosses from every DataLoader worker. Subclasses declare ``_fields`` and
+    ``__slots__ = ()``; make one with :meth:`of` (by name) or :meth:`_replace`."""
+    __slots__ = ()
+    _fields: Tuple[str, ...] = ()
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "__slots__" not in cls.__dict__:
+            raise TypeError(f"{cls.__name__}: a Record declares __slots__ = () (no per-instance dict)")
+        for i, f in enumerate(cls.__dict__.get("_fields", ())):    # plain functions: dynamo traces them
+            setattr(cls, f, property(eval(f"lambda self: self[{i}]"), doc=f"field {i} of {cls.__name__}"))
+
+    @classmethod
+    def of(cls, **fields):
+        if fields.keys() != set(cls._fields):
+            raise TypeError(f"{cls.__name__}: fields {sorted(set(cls._fields) ^ fields.keys())} missing or unknown")
+        return tuple.__new__(cls, [fields[f] for f in cls._fields])
+
+    def _replace(self, **fields):
+        out = tuple.__new__(type(self), [fields.pop(f, v) for f, v in zip(self._fields, self)])
+        if fields:
+            raise TypeError(f"{type(self).__name__}: unknown fields {sorted(fields)}")
+        return out
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{f}={v!r}' for f, v in zip(self._fields, self))})"
+
+
+PARTITION_ARRAYS = ("gather", "scatter", "slot_window", "slot_coord")   # as gmh_plan_partition's ranges
+
+
+class PartitionLayout(Record):
+    """One attention partition of a plan (gmh_plan_partition): its planner results and the
+    ranges of its arrays (``arrays``: one per :data:`PARTITION_ARRAYS`, in that order)."""
+    __slots__ = ()
+    _fields = ("group_size", "num_groups", "num_windows", "window", "shift", "budget_exhausted", "cost",
+               "lower_bound", "plan_us", "arrays")
+
+
+class StageLayout(Record):
+    """Base of a plan's stage records: its partitions (:meth:`partition_layouts`) and the
+    ranges of its other arrays (the fields named in ``_range_fields``)."""
+    __slots__ = ()
+    _range_fields: Tuple[str, ...] = ()
+    _range_index: Tuple[int, ...] = ()
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if cls._range_fields:
+            cls._range_index = tuple(cls._fields.index(f) for f in cls._range_fields)
+
+    def partition_layouts(self) -> Tuple[PartitionLayout, ...]:
+        raise NotImplementedError
+
+    def with_partition_layouts(self, parts: Tuple[PartitionLayout, ...]) -> "StageLayout":
+        raise NotImplementedError
+
+    def ranges(self) -> List[Range]:
+        """Every array's (offset, size): the partitions', then the stage's own."""
+        out = [r for p in self.partition_layouts() for r in p.arrays]
+        out += [self[i] for i in self._range_index]
+        return out
+
+
+class PlanLayout(Record):
+    """A whole plan's layout: whether masks are per sample, how many, the patch grid, the
+    library's time, and one stage record per stage."""
+    __slots__ = ()
+    _fields = ("per_sample", "num_masks", "patch_grid", "build_us", "stages")
+
+
+class StructReader:
+    """Reads a ctypes structure's scalars by field path, all in one ``struct.unpack_from``: the
+    format and every offset come from the ctypes class (so from the C layout the library's load
+    checks), not from counting. ``getter(prefix, names)`` is a C ``itemgetter`` over the unpacked
+    values, yielding ``prefix + (name,)`` for each name (a name may be a path tuple)."""
+
+    _CODES = {ctypes.c_int32: "i", ctypes.c_int64: "q", ctypes.c_double: "d"}
+
+    def __init__(self, cls):
+        paths: list = []
+        fmt, _ = self._walk(cls, 0, 0, (), paths)
+        self.struct = struct.Struct("=" + fmt)
+        self.index = {p: i for i, p in enumerate(paths)}
+        self._ends: Dict[int, int] = {}
+
+    @classmethod
+    def _walk(cls, typ, base: int, at: int, prefix: tuple, paths: list) -> Tuple[str, int]:
+        fmt = ""
+        for name, ftyp in typ._fields_:
+            off = base + getattr(typ, name).offset
+            array = issubclass(ftyp, ctypes.Array)
+            elem, count = (ftyp._type_, ftyp._length_) if array else (ftyp, 1)
+            for i in range(count):
+                o, path = off + i * ctypes.sizeof(elem), prefix + ((name, i) if array else (name,))
+                if issubclass(elem, ctypes.Structure):
+                    f, at = cls._walk(elem, o, at, path, paths)
+                    fmt += f
+                elif elem in cls._CODES:
+                    fmt += "x" * (o - at) + cls._CODES[elem]
+                    at = o + ctypes.sizeof(elem)
+                    paths.append(path)
+                else:   # pointers and the like: not layout data
+                    fmt += "x" * (o - at + ctypes.sizeof(elem))
+                    at = o + ctypes.sizeof(elem)
+        return fmt, at
+
+    def read(self, info, stages: Optional[int] = None) -> tuple:
+        """The values, up to the last of the first ``stages`` entries of a ``stage`` array
+        (all when None; its head comes first)."""
+        v = self.struct.unpack_from(info)
+        if stages is None:
+            return v
+        end = self._ends.get(stages)
+        if end is None:
+            head = max(i for p, i in self.index.items() if p[0] != "stage") + 1
+            end = self._ends[stages] = max([head] + [i + 1 for p, i in self.index.items()
+                                                     if p[0] == "stage" and p[1] < stages])
+        return v[:end]
+
+    def at(self, *path) -> str:
+        """The source of the value at a field path, for :meth:`compile` (``v[i]``)."""
+        return f"v[{self.index[path]}]"
+
+    def partition(self, *prefix) -> str:
+        """The source of the :class:`PartitionLayout` of the gmh_plan_partition at ``prefix``."""
+        scalars = [self.at(*prefix, f) for f in PartitionLayout._fields[:-1]]
+        return f"_new(PartitionLayout, ({', '.join(scalars)}, {self.ranges(*prefix, names=PARTITION_ARRAYS)}))"
+
+    def ranges(self, *prefix, names: Sequence[str]) -> str:
+        """The source of the (offset, size) pairs of the gmh_range fields ``names`` at ``prefix``."""
+        pairs = [f"({self.at(*prefix, n, 'offset')}, {self.at(*prefix, n, 'size')})" for n in names]
+        return f"({', '.join(pairs)},)"
+
+    @staticmethod
+    def compile(source: str, **names) -> Callable:
+        """``lambda per_sample, patch_grid, extra, v: <source>``, compiled once: a parse is then
+        one expression of constant subscripts (about 5 us for a 4-stage plan, as cheap as the
+        tuple unpacking it replaces), while every index came from a field name."""
+        scope = dict(_new=tuple.__new__, PartitionLayout=PartitionLayout, PlanLayout=PlanLayout, **names)
+        return eval(f"lambda per_sample, patch_grid, extra, v: {source}", scope)
+
+
+def arena_views(arena: Tensor, ranges: Iterable[Range]) -> Callable[[Range], Tensor]:
+    """``view(r)``: range ``r`` of the arena as a view (an empty range: an empty one). Eagerly all
+    non-empty ranges come from one ``split`` (ranges tile the arena in order). Under torch.compile
+    each is a slice: a plan passed straight into a compiled model has its views made inside the
+    graph, where dynamo makes the layout's sizes symbolic from the second plan on and cannot sort
+    them ("sort with non-constant keys")."""
+    if torch.compiler.is_compiling():
+        return lambda r: arena.narrow(0, r[0], r[1])
     rs = sorted({r for r in ranges if r[1] > 0})
-    return dict(zip(rs, arena.split([r[1] for r in rs]))) if rs else {}
+    chunks = dict(zip(rs, arena.split([r[1] for r in rs]))) if rs else {}
+    empty = arena[:0]
+    return lambda r: chunks.get(r, empty)
 
 
 class ArenaPlan:
@@ -35,10 +195,35 @@ class ArenaPlan:
     and the copies the main process makes (unpickled, pinned, moved to the device) use them at most
     once. Making them cost about 150 us per Swin plan of 128 masks, each time."""
 
-    def __init__(self, arena: Tensor, layout: tuple):
+    def __init__(self, arena: Tensor, layout: Optional[PlanLayout] = None, wire: Optional[tuple] = None):
+        """``layout``, or ``wire``: ``(per_sample, patch_grid, extra, values)``, the info struct's
+        unpacked values up to the last stage (what a plan pickles, parsed into ``layout`` on first
+        use: a plan made in a DataLoader worker sends its numbers without naming them)."""
         self.arena = arena
-        self.layout = layout
+        self._layout, self._wire = layout, wire
+        if layout is not None:
+            self.per_sample, self.num_masks = layout.per_sample, layout.num_masks
+            self.patch_grid, self.build_us = layout.patch_grid, layout.build_us
+        else:
+            self.per_sample, self.patch_grid = wire[0], wire[1]
+            self.num_masks, self.build_us = self._head(wire[3])
         self._stages = None
+
+    @property
+    def layout(self) -> PlanLayout:
+        """The arena's layout: a :class:`PlanLayout` of named records."""
+        if self._layout is None:
+            self._layout = self._parse(*self._wire)
+        return self._layout
+
+    # A subclass reads its info struct: _head(values) -> (num_masks, build_us);
+    # _parse(per_sample, patch_grid, extra, values) -> PlanLayout.
+    _head: Callable[[tuple], Tuple[int, float]]
+    _parse: Callable[..., PlanLayout]
+
+    def _again(self, arena: Tensor):
+        """This plan's layout over another arena (no parse where it has none yet)."""
+        return type(self)(arena, self._layout, self._wire)
 
     @property
     def stages(self) -> list:
@@ -61,7 +246,7 @@ class ArenaPlan:
         device = torch.device(device)
         if device == self.arena.device:
             return self
-        return type(self)(self.arena.to(device, non_blocking=non_blocking), self.layout)
+        return self._again(self.arena.to(device, non_blocking=non_blocking))
 
     def mark_dynamic(self):
         """Marks the slot axis of every partition, and the buffer they all view, dynamic for
@@ -75,18 +260,37 @@ class ArenaPlan:
                     torch._dynamo.mark_dynamic(t, 0)
         return self
 
+    # ---- the arena layout ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _ranges(layout: PlanLayout) -> Iterable[Range]:
+        """Every array's (offset, size), stage by stage."""
+        return [r for st in layout.stages for r in st.ranges()]
+
+    @staticmethod
+    def _partitions(layout: PlanLayout) -> Tuple[Tuple[PartitionLayout, ...], ...]:
+        return tuple(st.partition_layouts() for st in layout.stages)
+
+    @staticmethod
+    def _relayout(layout: PlanLayout, counts, new: Callable[[Range], Range], exhausted=None) -> PlanLayout:
+        """The layout with ``counts[s]`` groups in stage s's partitions, each range r moved to
+        new(r) and, unless None, every budget flag set to ``exhausted``."""
+        stages = []
+        for st, w in zip(layout.stages, counts):
+            parts = tuple(p._replace(num_groups=n, budget_exhausted=p.budget_exhausted if exhausted is None
+                                     else exhausted, arrays=tuple(new(r) for r in p.arrays))
+                          for p, n in zip(st.partition_layouts(), w))
+            stages.append(st.with_partition_layouts(parts)._replace(**{f: new(getattr(st, f))
+                                                                       for f in st._range_fields}))
+        return layout._replace(stages=tuple(stages))
+
     # ---- one set of shapes for every mask: what a CUDA graph replays ------------------------------
-    # A subclass describes its layout: _ranges(layout) every array's (offset, size),
-    # _partitions(layout) per stage its partitions' layout tuples (G, num_groups, ..., the budget
-    # flag at [5], arrays at [9]: gather, scatter, slot_window, slot_coord), _relayout(layout, counts,
-    # new, exhausted=None) the layout with those group counts, each range r moved to new(r) and,
-    # unless None, every budget flag set to exhausted.
 
     def group_counts(self) -> Tuple[Tuple[int, ...], ...]:
         """The number of groups of each stage's partitions (Swin: plain, shifted; Twins: its
         LSA windows). With fixed group sizes (``group_size=-1``) it is what a new mask changes
         in the plan's shapes."""
-        return tuple(tuple(p[1] for p in parts) for parts in self._partitions(self.layout))
+        return tuple(tuple(p.num_groups for p in parts) for parts in self._partitions(self.layout))
 
     def padded(self, counts: Sequence[Sequence[int]]):
         """This plan with exactly ``counts[s]`` groups in stage s's partitions. Groups of
@@ -121,15 +325,15 @@ class ArenaPlan:
         grow: Dict[Range, Tuple[int, int]] = {}      # range -> (entries after padding, fill value)
         for parts, w in zip(self._partitions(self.layout), want):
             for p, n in zip(parts, w):
-                g, _, sw, co = p[9]
-                for r, fill in ((g, -1), (sw, -1), (co, 0)):
-                    grow[r] = (n * p[0], fill)
+                arrays = dict(zip(PARTITION_ARRAYS, p.arrays))
+                for a, fill in (("gather", -1), ("slot_window", -1), ("slot_coord", 0)):
+                    grow[arrays[a]] = (n * p.group_size, fill)
         ranges = sorted({r for r in self._ranges(self.layout) if r[1] > 0})
-        chunks = arena_views(self.arena, ranges)
+        view = arena_views(self.arena, ranges)
         pieces, moved, at = [], {}, 0
         for r in ranges:
             size, fill = grow.get(r, (r[1], 0))
-            pieces.append(chunks[r])
+            pieces.append(view(r))
             if size > r[1]:
                 pieces.append(torch.full((size - r[1],), fill, dtype=self.arena.dtype, device=self.arena.device))
             moved[r] = (at, size)
@@ -162,10 +366,14 @@ class ArenaPlan:
         return self
 
     def pin_memory(self, device=None):
-        return type(self)(self.arena.pin_memory() if device is None else self.arena.pin_memory(device), self.layout)
+        return self._again(self.arena.pin_memory() if device is None else self.arena.pin_memory(device))
 
     def __reduce__(self):
-        return (type(self), (self.arena, self.layout))
+        # the info struct's plain numbers where the plan has them: smaller and quicker to pickle
+        # and unpickle than named records (about half the time of the plain tuples before them)
+        if self._wire is not None:
+            return (type(self), (self.arena, None, self._wire))
+        return (type(self), (self.arena, self._layout))
 
 
 class _Planner:

@@ -30,9 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _backend, _conv_backend as cb, _eager
+from . import _conv_abi as cb, _device, _dispatch
 from .conv_tables import BlockTable, NeighborTable, check_table_values
-from .ops import _check_devices
+from ._device import check_devices
+from ._lib import GreenmimError
 
 ALGOS = ("auto", "reference", "fused")
 
@@ -54,7 +55,7 @@ def _grad_out(g: Tensor, like: Optional[Tensor], need: bool) -> Optional[Tensor]
 
 # ---- depthwise 3x3 (PEG) ------------------------------------------------------------------------
 
-@_eager.op("depthwise_conv3x3_fwd")
+@_dispatch.op("depthwise_conv3x3_fwd")
 def _dw_fwd(x: Tensor, nbr: Tensor, weight: Tensor, bias: Optional[Tensor], residual: bool) -> Tensor:
     cb.check_depthwise(x, nbr, weight, bias)
     return cb.depthwise_fwd(x, nbr, weight, bias, residual)
@@ -62,11 +63,11 @@ def _dw_fwd(x: Tensor, nbr: Tensor, weight: Tensor, bias: Optional[Tensor], resi
 
 @_dw_fwd.register_fake
 def _(x, nbr, weight, bias, residual):
-    _check_devices("depthwise conv 3x3", x, neighbor_table=nbr, weight=weight, bias=bias)
+    check_devices("depthwise conv 3x3", x, neighbor_table=nbr, weight=weight, bias=bias)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@_eager.op("depthwise_conv3x3_bwd")
+@_dispatch.op("depthwise_conv3x3_bwd")
 def _dw_bwd(dy: Tensor, x: Tensor, nbr: Tensor, weight: Tensor, residual: bool, need_dw: bool,
             need_db: bool) -> Tuple[Tensor, Tensor, Tensor]:
     dx, dw, db = cb.depthwise_bwd(dy, x, nbr, weight, residual, need_dw, need_db)
@@ -75,7 +76,7 @@ def _dw_bwd(dy: Tensor, x: Tensor, nbr: Tensor, weight: Tensor, residual: bool, 
 
 @_dw_bwd.register_fake
 def _(dy, x, nbr, weight, residual, need_dw, need_db):
-    _check_devices("depthwise conv 3x3 backward", x, dy=dy, neighbor_table=nbr, weight=weight)
+    check_devices("depthwise conv 3x3 backward", x, dy=dy, neighbor_table=nbr, weight=weight)
     return (x.new_empty(x.shape), *_fake_grads(x, weight, need_dw, need_db))
 
 
@@ -88,16 +89,16 @@ def _dw_setup(ctx, inputs, output):
 def _dw_backward(ctx, dy):
     x, nbr, weight = ctx.saved_tensors
     need_db = ctx.bias and _need(ctx, 3)
-    dx, dw, db = _eager.call("depthwise_conv3x3_bwd", dy, x, nbr, weight, ctx.residual, _need(ctx, 2), need_db)
+    dx, dw, db = _dispatch.call("depthwise_conv3x3_bwd", dy, x, nbr, weight, ctx.residual, _need(ctx, 2), need_db)
     return dx, None, _grad_out(dw, weight, _need(ctx, 2)), db.to(weight.dtype) if need_db else None, None
 
 
-_eager.register_autograd("depthwise_conv3x3_fwd", _dw_backward, _dw_setup)
+_dispatch.register_autograd("depthwise_conv3x3_fwd", _dw_backward, _dw_setup)
 
 
 # ---- block conv, kernel = stride ----------------------------------------------------------------
 
-@_eager.op("block_conv_fwd")
+@_dispatch.op("block_conv_fwd")
 def _bc_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor], fused: bool) -> Tensor:
     cb.check_block(x, gather, weight, bias)
     return cb.block_fwd(x, gather, weight, bias, fused)
@@ -105,11 +106,11 @@ def _bc_fwd(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor], f
 
 @_bc_fwd.register_fake
 def _(x, gather, weight, bias, fused):
-    _check_devices("block conv", x, block_table=gather, weight=weight, bias=bias)
+    check_devices("block conv", x, block_table=gather, weight=weight, bias=bias)
     return x.new_empty((x.shape[0], gather.shape[0], weight.shape[0]))
 
 
-@_eager.op("block_conv_bwd")
+@_dispatch.op("block_conv_bwd")
 def _bc_bwd(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, need_dw: bool,
             need_db: bool, fused: bool) -> Tuple[Tensor, Tensor, Tensor]:
     dx, dw, db = cb.block_bwd(dy, x, gather, weight, need_dw, need_db, fused)
@@ -118,7 +119,7 @@ def _bc_bwd(dy: Tensor, x: Tensor, gather: Tensor, weight: Tensor, need_dw: bool
 
 @_bc_bwd.register_fake
 def _(dy, x, gather, weight, need_dw, need_db, fused):
-    _check_devices("block conv backward", x, dy=dy, block_table=gather, weight=weight)
+    check_devices("block conv backward", x, dy=dy, block_table=gather, weight=weight)
     return (x.new_empty(x.shape), *_fake_grads(x, weight, need_dw, need_db))
 
 
@@ -131,25 +132,25 @@ def _bc_setup(ctx, inputs, output):
 def _bc_backward(ctx, dy):
     x, gather, weight = ctx.saved_tensors
     need_db = ctx.bias and _need(ctx, 3)
-    dx, dw, db = _eager.call("block_conv_bwd", dy, x, gather, weight, _need(ctx, 2), need_db, ctx.fused)
+    dx, dw, db = _dispatch.call("block_conv_bwd", dy, x, gather, weight, _need(ctx, 2), need_db, ctx.fused)
     return dx, None, _grad_out(dw, weight, _need(ctx, 2)), db.to(weight.dtype) if need_db else None, None
 
 
-_eager.register_autograd("block_conv_fwd", _bc_backward, _bc_setup)
+_dispatch.register_autograd("block_conv_fwd", _bc_backward, _bc_setup)
 
 
 # ---- public API ---------------------------------------------------------------------------------
 
 def _check_algo(algo: str) -> None:
     if algo not in ALGOS:
-        raise _backend.GreenmimError(f"greenmim: algo must be one of {ALGOS}, got {algo!r}")
+        raise GreenmimError(f"greenmim: algo must be one of {ALGOS}, got {algo!r}")
 
 
 def _torch_cpu(x: Tensor, algo: str) -> bool:
     """Eager CPU tensors with algo "auto" may run in torch's kernels; under torch.compile and
     emulation the custom op runs (opaque, its CPU kernel the reference)."""
     _check_algo(algo)
-    return algo == "auto" and x.device.type == "cpu" and not _backend.emulating() and \
+    return algo == "auto" and x.device.type == "cpu" and not _device.emulating() and \
         not torch.compiler.is_compiling()
 
 
@@ -167,12 +168,12 @@ def submanifold_depthwise_conv3x3(x: Tensor, table: NeighborTable, weight: Tenso
     outside the grid count as zero (a submanifold conv). ``weight`` ``[C, 1, 3, 3]``, ``bias``
     ``[C]`` or None, ``residual``: ``+ x`` (Twins' PEG). Differentiable in x, weight and bias."""
     if not isinstance(table, NeighborTable):
-        raise _backend.GreenmimError(f"greenmim: depthwise conv 3x3: the table must be a greenmim.NeighborTable, got "
+        raise GreenmimError(f"greenmim: depthwise conv 3x3: the table must be a greenmim.NeighborTable, got "
                                      f"{type(table).__name__}")
     _check_algo(algo)    # every path is the op: on the CPU the reference beats torch here (docs/sparse-conv.md)
-    _check_devices("depthwise conv 3x3", x, neighbor_table=table.nbr, weight=weight, bias=bias)
+    check_devices("depthwise conv 3x3", x, neighbor_table=table.nbr, weight=weight, bias=bias)
     check_table_values(table)
-    return _eager.call("depthwise_conv3x3_fwd", _autocast(x), table.nbr, weight, bias, bool(residual))
+    return _dispatch.call("depthwise_conv3x3_fwd", _autocast(x), table.nbr, weight, bias, bool(residual))
 
 
 def block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tensor] = None,
@@ -185,15 +186,15 @@ def block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tens
     ``algo``: "auto"; "reference" (CPU: the Eigen reference); "fused" (CUDA: the fused
     gather-GEMM kernels of the C ABI instead of a gather and cuBLAS)."""
     if not isinstance(table, BlockTable):
-        raise _backend.GreenmimError(f"greenmim: block conv: the table must be a greenmim.BlockTable, got "
+        raise GreenmimError(f"greenmim: block conv: the table must be a greenmim.BlockTable, got "
                                      f"{type(table).__name__}")
-    _check_devices("block conv", x, block_table=table.gather, weight=weight, bias=bias)
+    check_devices("block conv", x, block_table=table.gather, weight=weight, bias=bias)
     if weight.dim() == 4 and weight.shape[2] != table.stride:
-        raise _backend.GreenmimError(f"greenmim: block conv: a {weight.shape[2]}x{weight.shape[3]} kernel with a "
+        raise GreenmimError(f"greenmim: block conv: a {weight.shape[2]}x{weight.shape[3]} kernel with a "
                                      f"table of stride {table.stride}")
     check_table_values(table)
     if x.dim() == 3 and x.shape[1] != table.num_inputs:    # every path: the table indexes x's token axis
-        raise _backend.GreenmimError(f"greenmim: block conv: the features have {x.shape[1]} tokens, the block table "
+        raise GreenmimError(f"greenmim: block conv: the features have {x.shape[1]} tokens, the block table "
                                      f"{table.num_inputs}: a table of another stage or mask?")
     if table.reshape and algo == "auto":
         cb.check_block(x, table.gather, weight, bias)
@@ -201,7 +202,7 @@ def block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tens
     if _torch_cpu(x, algo):
         cb.check_block(x, table.gather, weight, bias)
         return _torch_block_conv(x, table, weight, bias)
-    return _eager.call("block_conv_fwd", _autocast(x), table.gather, weight, bias, algo == "fused")
+    return _dispatch.call("block_conv_fwd", _autocast(x), table.gather, weight, bias, algo == "fused")
 
 
 def _reshape_block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tensor]) -> Tensor:

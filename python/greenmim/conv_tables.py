@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _lib, indices
+from . import _lib, mask_plan
 from ._lib import GreenmimError
 
 
@@ -137,7 +137,7 @@ def _build(visible: Tensor, kind: int, size: int, device, cache: bool):
     device = torch.device(device) if device is not None else visible.device
     key = ("conv_table", host.numpy().tobytes(), tuple(host.shape), per_sample, kind, size, str(device))
     if cache:
-        hit = indices._plan_cache.get(key)
+        hit = mask_plan.plan_cache.get(key)
         if hit is not None:
             return hit
     lib = _lib.host()
@@ -163,7 +163,7 @@ def _build(visible: Tensor, kind: int, size: int, device, cache: bool):
         table = BlockTable(entries, size, info.num_inputs, bool(info.holes), (H // size, W // size), pos, cu)
     mark_valid(table)
     if cache:
-        indices._plan_cache.put(key, table)
+        mask_plan.plan_cache.put(key, table)
     return table
 
 

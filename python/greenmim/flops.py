@@ -15,7 +15,7 @@ LayerNorm, softmax, GELU and index copies are not, as in ``greenmim simulate``.
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List
 
 import torch
 from torch import Tensor, nn

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._lib import GreenmimError
-from .indices import MaskPlan, StagePlan, plan_masks
+from .mask_plan import MaskPlan, StagePlan, plan_masks
 
 ATTN_IMPLS = ("greenmim", "released")
 

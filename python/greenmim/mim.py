@@ -25,10 +25,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._lib import GreenmimError
-from .indices import MaskPlan
-from .swin import Mlp, VisibleSwinTransformer
+from .mask_plan import MaskPlan
+from . import swin, swinv2, twins
+from .layers import Mlp
+from .swin import SWIN_B, SWIN_L, SWIN_NANO, SWIN_T, VisibleSwinTransformer
 from .swinv2 import VisibleSwinTransformerV2
-from .twins import VisibleTwins
+from .twins import TWINS_NANO as _TWINS_NANO_DIMS, TWINS_SVT_L, VisibleTwins
 
 DECODER_ORDERS = ("greenmim", "released")
 
@@ -152,7 +154,7 @@ class GreenMIM(nn.Module):
     def random_masks(self, batch: Optional[int], ratio: float = 0.75,
                      generator: Optional[torch.Generator] = None) -> Tensor:
         """Random unit masks for this model's grid: ``[g, g]`` (batch None) or ``[batch, g, g]``."""
-        from .indices import random_masks
+        from .mask_plan import random_masks
         return random_masks(batch, grid=self.grid, ratio=ratio, generator=generator)
 
     # ---- forward ------------------------------------------------------------------------------------
@@ -260,14 +262,10 @@ class GreenMIM(nn.Module):
 
 # ---- constructors ----------------------------------------------------------------------------------
 
-SWIN_B = dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32))
-SWIN_L = dict(embed_dim=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48))
-SWIN_T = dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
-SWIN_NANO = dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))
-TWINS_L = dict(embed_dims=(128, 256, 512, 1024), depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32), sr_ratios=(8, 4, 2, 1),
-               wss=(7, 7, 7, 7))
-TWINS_NANO = dict(embed_dims=(32, 64, 128, 256), depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8), sr_ratios=(8, 4, 2, 1),
-                  wss=(7, 7, 7, 7))
+# the encoders' presets are stated once, in swin.py and twins.py; GreenMIM's Twins name their
+# sub-sampling and windows (the released alt_gvt's), which the checkpoint's config records
+TWINS_L = dict(TWINS_SVT_L, sr_ratios=(8, 4, 2, 1), wss=(7, 7, 7, 7))
+TWINS_NANO = dict(_TWINS_NANO_DIMS, sr_ratios=(8, 4, 2, 1), wss=(7, 7, 7, 7))
 
 # name: (encoder class, encoder kwargs, decoder kwargs, what it is)
 _ARCHS: Dict[str, Tuple[type, dict, dict, str]] = {
@@ -309,19 +307,33 @@ ENCODER_KEYS = ("img_size", "window_size", "attn_impl", "strategy", "drop_path_r
 DECODER_KEYS = ("decoder_embed_dim", "decoder_depth", "decoder_num_heads", "norm_pix_loss", "decoder_order")
 
 
-def model_names() -> Dict[str, str]:
-    """The registered GreenMIM models and what each is."""
-    return {k: v[3] for k, v in _ARCHS.items()}
+# the visible-token encoders, by timm's names: name -> (class, keyword arguments, what it is)
+ENCODERS: Dict[str, Tuple[type, dict, str]] = {**swin.ENCODERS, **swinv2.ENCODERS, **twins.ENCODERS}
 
 
-def create_model(name: str, **kw) -> GreenMIM:
-    """A registered GreenMIM model; keyword arguments override its encoder geometry (``img_size``,
-    ``window_size``, ``attn_impl``, ``strategy``, ``drop_path_rate``) or decoder
-    (``decoder_depth`` …, ``norm_pix_loss``, ``decoder_order``)."""
+def model_names(encoders: bool = False) -> Dict[str, str]:
+    """The registered GreenMIM models and what each is; with ``encoders=True`` also the
+    visible-token encoders (timm's names), which :func:`create_model` builds too."""
+    out = {k: v[3] for k, v in _ARCHS.items()}
+    if encoders:
+        out.update({k: v[2] for k, v in ENCODERS.items()})
+    return out
+
+
+def create_model(name: str, **kw):
+    """A registered model: a GreenMIM model (``green_mim_*``), whose keyword arguments override its
+    encoder geometry (``img_size``, ``window_size``, ``attn_impl``, ``strategy``,
+    ``drop_path_rate``) or decoder (``decoder_depth`` …, ``norm_pix_loss``, ``decoder_order``); or
+    a visible-token encoder by timm's name (``swin_base_patch4_window7_224``, ``twins_svt_large``
+    ...: :func:`model_names` with ``encoders=True``), whose keyword arguments go to its class."""
+    if name in ENCODERS:
+        cls, preset, _ = ENCODERS[name]
+        return cls(**{**preset, **kw})
     if name not in _ARCHS:
-        close = sorted(_ARCHS, key=lambda n: -_common_prefix(n, name))[:3]
+        known = list(_ARCHS) + list(ENCODERS)
+        close = sorted(known, key=lambda n: -_common_prefix(n, name))[:3]
         raise GreenmimError(f"greenmim: unknown model {name!r}; did you mean one of {close}? "
-                            f"(all: greenmim.mim.model_names())")
+                            f"(all: greenmim.model_names(encoders=True))")
     cls, enc, dec, _ = _ARCHS[name]
     bad = [k for k in kw if k not in ENCODER_KEYS + DECODER_KEYS]
     if bad:

@@ -4,7 +4,7 @@ Each primitive is a ``torch.library.custom_op`` with a fake (shape-only) twin, a
 registered on the forward op with ``torch.library.register_autograd`` (the FlashAttention
 pattern), so ``torch.compile(fullgraph=True)`` traces models that use them with no graph break.
 In plain eager mode the same implementations and formulas run without the dispatcher
-(``_eager.py``: the custom op's dispatch cost more host time than the kernels).
+(``_dispatch.py``: the custom op's dispatch cost more host time than the kernels).
 
 Public functions:
 - ``group_window_attention(q, k, v, bias_table, partition, window=None, scale=None)``: q, k, v
@@ -13,7 +13,9 @@ Public functions:
   head_dim]`` qkv projection itself; its backward writes one packed gradient;
 - ``partition_tokens(x, partition)`` / ``unpartition_tokens(y, partition)``: ``[B, N, C] <->
   [B, num_groups * G, C]``, each other's adjoint.
-``partition`` is a :class:`greenmim.StagePartition` (from :func:`greenmim.plan_masks`).
+``partition`` is a :class:`greenmim.mask_plan.StagePartition` (from :func:`greenmim.plan_masks`).
+Twins' sparse convs (``block_conv``, ``submanifold_depthwise_conv3x3``) are named here too
+(implemented in conv_ops.py).
 """
 from __future__ import annotations
 
@@ -22,31 +24,31 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _backend, _cpu_attention, _eager
+from . import _attention_abi, _cpu_attention, _device, _dispatch
+from ._device import check_devices
+from ._lib import GreenmimError
 
 if not hasattr(torch.library, "custom_op") or not hasattr(torch.library, "register_autograd"):
     raise ImportError(f"greenmim needs PyTorch >= 2.4 (torch.library.custom_op); this is torch {torch.__version__}")
 
-_LIB = _eager.LIB
+_LIB = _dispatch.LIB
 
 
-Index = _backend.Index
-
-
-def _check_devices(where: str, like: Tensor, **tensors: Optional[Tensor]) -> None:
-    """Every tensor on ``like``'s device. A plan on another device must not reach the ops: with one
-    input on "meta", torch would run their shape-only fakes and return uninitialised memory."""
-    for name, t in tensors.items():
-        if t is not None and t.device != like.device:
-            raise _backend.GreenmimError(
-                f"greenmim: {where}: {name} is on {t.device}, the features on {like.device}: plans and "
-                f"tensors must share a device (plan.to({str(like.device)!r}), or plan_masks(..., device=...))")
+Index = _attention_abi.Index
 
 
 def _check_partition_device(where: str, x: Tensor, part) -> None:
-    """``part``: a StagePartition, an Index, or an op's ``index`` list (the four index tensors)."""
+    """``part``: a StagePartition, an Index, or an op's ``index`` list (the four index tensors).
+    Index tensors that passed the ops' index checks before, unchanged, are on one device
+    (_attention_abi.known_index): one comparison then does."""
     tensors = Index.tensors(part) if hasattr(part, "gather") else list(part)
-    _check_devices(where, x, **dict(zip(Index._fields, tensors)))
+    known = None
+    if not torch.compiler.is_compiling():   # dynamo would guard on the cache (a recompile per step)
+        known = part.known if type(part) is Index else \
+            (_attention_abi.known_index(tensors, None) if len(tensors) == 4 else None)
+    if known is not None and known.device == x.device:
+        return
+    check_devices(where, x, **dict(zip(Index._fields, tensors)))
 
 
 def _grads(*leading: Optional[Tensor], scalars: int) -> Tuple:
@@ -58,29 +60,29 @@ def _grads(*leading: Optional[Tensor], scalars: int) -> Tuple:
 # ---- attention ----------------------------------------------------------------------------------
 # Schemas: (features..., bias, index: the partition's four tensors, group_size, window, scale, algo).
 
-@_eager.op("attention_fwd")
+@_dispatch.op("attention_fwd")
 def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], index: List[Tensor], group_size: int,
                    window: int, scale: float, algo: str) -> Tuple[Tensor, Tensor]:
     ix = Index.of(index, group_size, window, scale)
-    _backend.check_inputs(q, k, v, bias, ix)
-    return _backend.attention_fwd(q, k, v, bias, ix, algo)
+    _attention_abi.check_inputs(q, k, v, bias, ix)
+    return _attention_abi.attention_fwd(q, k, v, bias, ix, algo)
 
 
 @_attention_fwd.register_fake
 def _(q, k, v, bias, index, group_size, window, scale, algo):
-    _check_devices("attention forward", q, k=k, v=v, bias_table=bias)
+    check_devices("attention forward", q, k=k, v=v, bias_table=bias)
     _check_partition_device("attention forward", q, index)
     B, N, H, _ = q.shape
     return torch.empty_like(q, memory_format=torch.contiguous_format), \
-        q.new_empty((B, N, H), dtype=_backend.lse_dtype(q))
+        q.new_empty((B, N, H), dtype=_attention_abi.lse_dtype(q))
 
 
-@_eager.op("attention_bwd")
+@_dispatch.op("attention_bwd")
 def _attention_bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, bias: Optional[Tensor],
                    index: List[Tensor], group_size: int, window: int, scale: float, algo: str,
                    need_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = (torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
-    db = _backend.attention_bwd(d_o, q, k, v, o, lse, bias, Index.of(index, group_size, window, scale), dq, dk, dv,
+    db = _attention_abi.attention_bwd(d_o, q, k, v, o, lse, bias, Index.of(index, group_size, window, scale), dq, dk, dv,
                                 need_dbias, algo)
     return dq, dk, dv, db if db is not None else q.new_empty((0,))
 
@@ -96,7 +98,7 @@ def _fake_dbias(bias: Optional[Tensor], like: Tensor, need: bool) -> Tensor:
 
 @_attention_bwd.register_fake
 def _(d_o, q, k, v, o, lse, bias, index, group_size, window, scale, algo, need_dbias):
-    _check_devices("attention backward", q, d_o=d_o, k=k, v=v, o=o, lse=lse, bias_table=bias)
+    check_devices("attention backward", q, d_o=d_o, k=k, v=v, o=o, lse=lse, bias_table=bias)
     _check_partition_device("attention backward", q, index)
     return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), _fake_dbias(bias, q, need_dbias)
 
@@ -119,53 +121,70 @@ def _fwd_setup(ctx, inputs, output):
 
 def _fwd_backward(ctx, d_o, d_lse):
     (q, k, v, o, lse, bias), index = _saved(ctx)
-    dq, dk, dv, db = _eager.call("attention_bwd", d_o, q, k, v, o, lse, bias, index, *ctx.meta, ctx.bias_grad)
+    dq, dk, dv, db = _dispatch.call("attention_bwd", d_o, q, k, v, o, lse, bias, index, *ctx.meta, ctx.bias_grad)
     return _grads(dq, dk, dv, db.to(bias.dtype) if ctx.bias_grad else None, scalars=4)
 
 
-_eager.register_autograd("attention_fwd", _fwd_backward, _fwd_setup)
+_dispatch.register_autograd("attention_fwd", _fwd_backward, _fwd_setup)
 
 
 # Packed qkv: reads the [B, N, 3, H, D] projection in place, writes one packed gradient.
-@_eager.op("attention_packed_fwd")
+@_dispatch.op("attention_packed_fwd")
 def _attention_packed_fwd(qkv: Tensor, bias: Optional[Tensor], index: List[Tensor], group_size: int, window: int,
                           scale: float, algo: str) -> Tuple[Tensor, Tensor]:
-    q, k, v = _split_packed(qkv)
     ix = Index.of(index, group_size, window, scale)
-    _backend.check_inputs(q, k, v, bias, ix)
-    return _backend.attention_fwd(q, k, v, bias, ix, algo)
+    fields = _packed_kernel_fields(qkv)
+    if fields is not None and _attention_abi.check_packed_inputs(qkv, bias, ix):
+        return _attention_abi.attention_packed_fwd(qkv, bias, ix, algo, fields)
+    q, k, v = _split_packed(qkv)
+    _attention_abi.check_inputs(q, k, v, bias, ix)
+    return _attention_abi.attention_fwd(q, k, v, bias, ix, algo)
+
+
+def _packed_kernel_fields(qkv: Tensor) -> Optional[tuple]:
+    """On the kernels, the C views of ``qkv.unbind(2)`` made without the views (_attention_abi.packed_fields:
+    the packed ops' host time); None elsewhere, or for a qkv the unbind path refuses or copies."""
+    if qkv.dim() != 5 or qkv.shape[2] != 3 or not _attention_abi.uses_kernels(qkv):
+        return None
+    return _attention_abi.packed_fields(qkv)
 
 
 @_attention_packed_fwd.register_fake
 def _(qkv, bias, index, group_size, window, scale, algo):
-    _check_devices("attention forward", qkv, bias_table=bias)
+    check_devices("attention forward", qkv, bias_table=bias)
     _check_partition_device("attention forward", qkv, index)
     B, N, _, H, D = qkv.shape
-    return qkv.new_empty((B, N, H, D)), qkv.new_empty((B, N, H), dtype=_backend.lse_dtype(qkv))
+    return qkv.new_empty((B, N, H, D)), qkv.new_empty((B, N, H), dtype=_attention_abi.lse_dtype(qkv))
 
 
-@_eager.op("attention_packed_bwd")
+@_dispatch.op("attention_packed_bwd")
 def _attention_packed_bwd(d_o: Tensor, qkv: Tensor, o: Tensor, lse: Tensor, bias: Optional[Tensor],
                           index: List[Tensor], group_size: int, window: int, scale: float, algo: str,
                           need_dbias: bool) -> Tuple[Tensor, Tensor]:
+    fields = _packed_kernel_fields(qkv)
+    ix = Index.of(index, group_size, window, scale)
+    if fields is not None:                 # the kernels, without the six unbind views
+        dqkv = qkv.new_empty(qkv.shape)
+        db = _attention_abi.attention_packed_bwd(d_o, qkv, o, lse, bias, ix, fields, _attention_abi.packed_fields(dqkv),
+                                           need_dbias, algo)
+        return dqkv, db if db is not None else qkv.new_empty((0,))
     q, k, v = _split_packed(qkv)
     dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
     dq, dk, dv = dqkv.unbind(2)
-    db = _backend.attention_bwd(d_o, q, k, v, o, lse, bias, Index.of(index, group_size, window, scale), dq, dk, dv,
-                                need_dbias, algo)
+    db = _attention_abi.attention_bwd(d_o, q, k, v, o, lse, bias, ix, dq, dk, dv, need_dbias, algo)
     return dqkv, db if db is not None else qkv.new_empty((0,))
 
 
 @_attention_packed_bwd.register_fake
 def _(d_o, qkv, o, lse, bias, index, group_size, window, scale, algo, need_dbias):
-    _check_devices("attention backward", qkv, d_o=d_o, o=o, lse=lse, bias_table=bias)
+    check_devices("attention backward", qkv, d_o=d_o, o=o, lse=lse, bias_table=bias)
     _check_partition_device("attention backward", qkv, index)
     return qkv.new_empty(qkv.shape), _fake_dbias(bias, qkv, need_dbias)
 
 
 def _split_packed(qkv: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     if qkv.dim() != 5 or qkv.shape[2] != 3:
-        raise _backend.GreenmimError(f"greenmim: qkv must be [B, N, 3, heads, head_dim], got {tuple(qkv.shape)}")
+        raise GreenmimError(f"greenmim: qkv must be [B, N, 3, heads, head_dim], got {tuple(qkv.shape)}")
     return qkv.unbind(2)
 
 
@@ -177,11 +196,11 @@ def _packed_setup(ctx, inputs, output):
 
 def _packed_backward(ctx, d_o, d_lse):
     (qkv, o, lse, bias), index = _saved(ctx)
-    dqkv, db = _eager.call("attention_packed_bwd", d_o, qkv, o, lse, bias, index, *ctx.meta, ctx.bias_grad)
+    dqkv, db = _dispatch.call("attention_packed_bwd", d_o, qkv, o, lse, bias, index, *ctx.meta, ctx.bias_grad)
     return _grads(dqkv, db.to(bias.dtype) if ctx.bias_grad else None, scalars=4)
 
 
-_eager.register_autograd("attention_packed_fwd", _packed_backward, _packed_setup)
+_dispatch.register_autograd("attention_packed_fwd", _packed_backward, _packed_setup)
 
 
 # ---- partition / unpartition ----------------------------------------------------------------------
@@ -189,24 +208,31 @@ _eager.register_autograd("attention_packed_fwd", _packed_backward, _packed_setup
 
 def _check_tokens(x: Tensor, ix: Index, slots_axis: bool) -> None:
     if x.dim() != 3:
-        raise _backend.GreenmimError(f"greenmim: features must be [B, tokens, C], got {tuple(x.shape)}")
+        raise GreenmimError(f"greenmim: features must be [B, tokens, C], got {tuple(x.shape)}")
+    known = ix.known or _attention_abi.remember_index(ix[:4], ix.group_size)
+    if known is not None and known.device == x.device:     # the index passed its checks: the row count
+        want = known.slots if slots_axis else known.tokens
+        if x.shape[1] != want:
+            what = "slots (num_groups * G)" if slots_axis else "tokens"
+            raise GreenmimError(f"greenmim: features have {x.shape[1]} rows, the partition has {want} {what}")
+        return
     for n, t in (("gather", ix.gather), ("scatter", ix.scatter)):
         if t.dtype != torch.int32 or t.dim() != 1 or t.device != x.device:
-            raise _backend.GreenmimError(f"greenmim: {n} must be a 1-D int32 tensor on {x.device}")
+            raise GreenmimError(f"greenmim: {n} must be a 1-D int32 tensor on {x.device}")
     want = ix.gather.numel() if slots_axis else ix.scatter.numel()
     if x.shape[1] != want:
         what = "slots (num_groups * G)" if slots_axis else "tokens"
-        raise _backend.GreenmimError(f"greenmim: features have {x.shape[1]} rows, the partition has {want} {what}")
+        raise GreenmimError(f"greenmim: features have {x.shape[1]} rows, the partition has {want} {what}")
     if ix.group_size <= 0 or ix.gather.numel() % ix.group_size:
-        raise _backend.GreenmimError(f"greenmim: group_size {ix.group_size} does not divide {ix.gather.numel()} slots")
+        raise GreenmimError(f"greenmim: group_size {ix.group_size} does not divide {ix.gather.numel()} slots")
 
 
-@_eager.op("partition")
+@_dispatch.op("partition")
 def _partition(x: Tensor, index: List[Tensor], group_size: int) -> Tensor:
     _check_partition_device("partition", x, index)
     ix = Index.of(index, group_size)
     _check_tokens(x, ix, slots_axis=False)
-    return _backend.partition_tokens(x, ix)
+    return _attention_abi.partition_tokens(x, ix)
 
 
 @_partition.register_fake
@@ -215,12 +241,12 @@ def _(x, index, group_size):
     return x.new_empty((x.shape[0], index[0].shape[0], x.shape[2]))
 
 
-@_eager.op("unpartition")
+@_dispatch.op("unpartition")
 def _unpartition(y: Tensor, index: List[Tensor], group_size: int) -> Tensor:
     _check_partition_device("unpartition", y, index)
     ix = Index.of(index, group_size)
     _check_tokens(y, ix, slots_axis=True)
-    return _backend.unpartition_tokens(y, ix)
+    return _attention_abi.unpartition_tokens(y, ix)
 
 
 @_unpartition.register_fake
@@ -236,16 +262,16 @@ def _index_setup(ctx, inputs, output):
 
 def _partition_backward(ctx, grad):
     _, index = _saved(ctx)
-    return _grads(_eager.call("unpartition", grad, index, *ctx.meta), scalars=1)
+    return _grads(_dispatch.call("unpartition", grad, index, *ctx.meta), scalars=1)
 
 
 def _unpartition_backward(ctx, grad):
     _, index = _saved(ctx)
-    return _grads(_eager.call("partition", grad, index, *ctx.meta), scalars=1)
+    return _grads(_dispatch.call("partition", grad, index, *ctx.meta), scalars=1)
 
 
-_eager.register_autograd("partition", _partition_backward, _index_setup)
-_eager.register_autograd("unpartition", _unpartition_backward, _index_setup)
+_dispatch.register_autograd("partition", _partition_backward, _index_setup)
+_dispatch.register_autograd("unpartition", _unpartition_backward, _index_setup)
 
 
 # ---- public API -----------------------------------------------------------------------------------
@@ -254,7 +280,9 @@ def _resolve(q: Tensor, part, window: Optional[int], scale: Optional[float]) -> 
     """The partition with the attention's window and scale, as the library reads it."""
     w = part.window if window is None else int(window)
     s = float(q.shape[-1]) ** -0.5 if scale is None else float(scale)
-    return Index(*Index.tensors(part), part.group_size, w, s)
+    tensors = Index.tensors(part)
+    known = None if torch.compiler.is_compiling() else _attention_abi.known_index(tensors, part.group_size)
+    return Index(*tensors, part.group_size, w, s, known)
 
 
 def _autocast(*ts: Tensor) -> List[Tensor]:
@@ -270,7 +298,7 @@ def _torch_cpu(t: Tensor, algo: str) -> bool:
     """Eager CPU tensors with algo "auto" run in torch's batched kernels (_cpu_attention.py).
     Under torch.compile they take the custom op, opaque as on CUDA (a small graph, quick to
     compile; its CPU kernel is the reference)."""
-    return algo == "auto" and t.device.type == "cpu" and not _backend.emulating() and \
+    return algo == "auto" and t.device.type == "cpu" and not _device.emulating() and \
         not torch.compiler.is_compiling()
 
 
@@ -286,16 +314,16 @@ def group_window_attention(q: Tensor, k: Tensor, v: Tensor, bias_table: Optional
     "mma" (CUDA only; see kernels.h). On CPU "auto" runs torch's batched matmuls (the output of
     a window with a NaN or inf is computed again exactly) and "reference" the Eigen reference."""
     ix = _resolve(q, partition, window, scale)
-    _check_devices("attention", q, k=k, v=v, bias_table=bias_table)
+    check_devices("attention", q, k=k, v=v, bias_table=bias_table)
     _check_partition_device("attention", q, ix)
     if _torch_cpu(q, algo):
-        _backend.check_inputs(q, k, v, bias_table, ix)
+        _attention_abi.check_inputs(q, k, v, bias_table, ix)
         o = _cpu_attention.attention(q, k, v, bias_table, partition, ix.window, ix.scale)
         if _cpu_attention.finite(o):     # else: the exact path isolates the NaN or inf
             return o
     algo = "auto" if algo == "reference" else algo
     q, k, v = _autocast(q, k, v)
-    o, _ = _eager.call("attention_fwd", q, k, v, bias_table, *ix.op_args(), algo)
+    o, _ = _dispatch.call("attention_fwd", q, k, v, bias_table, *ix.op_args(), algo)
     return o
 
 
@@ -305,27 +333,32 @@ def group_window_attention_packed(qkv: Tensor, bias_table: Optional[Tensor], par
     """As :func:`group_window_attention` on the packed ``[B, N, 3, heads, head_dim]`` projection
     (``qkv(x).view(B, N, 3, heads, head_dim)``): no copy in, one packed gradient out."""
     ix = _resolve(qkv, partition, window, scale)
-    _check_devices("attention", qkv, bias_table=bias_table)
+    check_devices("attention", qkv, bias_table=bias_table)
     _check_partition_device("attention", qkv, ix)
     if _torch_cpu(qkv, algo):
         q, k, v = _split_packed(qkv)
-        _backend.check_inputs(q, k, v, bias_table, ix)
+        _attention_abi.check_inputs(q, k, v, bias_table, ix)
         o = _cpu_attention.attention_packed(qkv, bias_table, partition, ix.window, ix.scale)
         if _cpu_attention.finite(o):     # else: the exact path isolates the NaN or inf
             return o
     algo = "auto" if algo == "reference" else algo
     (qkv,) = _autocast(qkv)
-    o, _ = _eager.call("attention_packed_fwd", qkv, bias_table, *ix.op_args(), algo)
+    o, _ = _dispatch.call("attention_packed_fwd", qkv, bias_table, *ix.op_args(), algo)
     return o
 
 
 def partition_tokens(x: Tensor, partition) -> Tensor:
     """Groups token features ``[B, N, C] -> [B, num_groups * G, C]`` (padding rows zero)."""
     _check_partition_device("partition", x, partition)
-    return _eager.call("partition", x, Index.tensors(partition), partition.group_size)
+    return _dispatch.call("partition", x, Index.tensors(partition), partition.group_size)
 
 
 def unpartition_tokens(y: Tensor, partition) -> Tensor:
     """Ungroups ``[B, num_groups * G, C] -> [B, N, C]`` (padding rows are never read)."""
     _check_partition_device("unpartition", y, partition)
-    return _eager.call("unpartition", y, Index.tensors(partition), partition.group_size)
+    return _dispatch.call("unpartition", y, Index.tensors(partition), partition.group_size)
+
+
+# Every op under greenmim.ops: Twins' sparse convs live in conv_ops.py (their tables, backends and
+# routes), and are named here too.
+from .conv_ops import block_conv, submanifold_depthwise_conv3x3  # noqa: E402,F401

@@ -4,7 +4,7 @@ The module tree and parameter names are timm's ``SwinTransformer`` (``patch_embe
 ``layers.N.downsample.{norm,reduction}``, ``layers.N.blocks.M.attn.{qkv,proj,
 relative_position_bias_table}``, ``norm``, ``head.fc``), so a timm ``state_dict`` loads with no
 key mapping. Tokens are ``[B, N, C]`` (one shared mask: the visible tokens of each sample,
-row-major) or ``[1, sum N_b, C]`` (per-sample masks, sample-major): see :mod:`greenmim.indices`.
+row-major) or ``[1, sum N_b, C]`` (per-sample masks, sample-major): see :mod:`greenmim.mask_plan`.
 
     model = swin_base_patch4_window7_224()
     plan = model.plan(greenmim.random_masks(), device="cuda")   # a shared 7x7 mask
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ._lib import GreenmimError
-from .indices import MaskPlan, StagePartition, StagePlan, window_geometry
+from .mask_plan import MaskPlan, StagePartition, StagePlan, window_geometry
 from .layers import (ATTN_IMPLS, ClassifierHead, DropPath, Mlp, PatchEmbed, check_attn_impl, drop_path, norm_linear,
                      drop_path_rates, forward_stages, init_linear, plan_for)
 from .ops import group_window_attention_packed
@@ -180,15 +180,30 @@ class VisibleSwinTransformer(nn.Module):
         return self.forward_head(self.forward_features(img, plan), plan)
 
 
-def _swin(embed_dim, depths, num_heads, **kw) -> VisibleSwinTransformer:
-    return VisibleSwinTransformer(embed_dim=embed_dim, depths=depths, num_heads=num_heads, **kw)
+# ---- presets: each stated once (mim.py and swinv2.py build on them; tests/test_mim.py checks them
+# against the C++ CLI's copy in include/greenmim/models.hpp) ----------------------------------------
+
+SWIN_NANO = dict(embed_dim=32, depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8))   # a toy for CPUs and tests
+SWIN_T = dict(embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
+SWIN_B = dict(embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32))
+SWIN_L = dict(embed_dim=192, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48))
+
+# encoder name (timm's): (class, keyword arguments, what it is); greenmim.create_model builds them
+ENCODERS = {
+    "swin_base_patch4_window7_224": (VisibleSwinTransformer, dict(SWIN_B, img_size=224, window_size=7),
+                                     "Swin-B, timm's swin_base_patch4_window7_224 layout"),
+    "swin_large_patch4_window7_224": (VisibleSwinTransformer, dict(SWIN_L, img_size=224, window_size=7),
+                                      "Swin-L, timm's swin_large_patch4_window7_224 layout"),
+}
 
 
 def swin_base_patch4_window7_224(**kw) -> VisibleSwinTransformer:
     """Swin-B, timm's ``swin_base_patch4_window7_224`` layout."""
-    return _swin(128, (2, 2, 18, 2), (4, 8, 16, 32), **kw)
+    cls, preset, _ = ENCODERS["swin_base_patch4_window7_224"]
+    return cls(**{**preset, **kw})
 
 
 def swin_large_patch4_window7_224(**kw) -> VisibleSwinTransformer:
     """Swin-L, timm's ``swin_large_patch4_window7_224`` layout."""
-    return _swin(192, (2, 2, 18, 2), (6, 12, 24, 48), **kw)
+    cls, preset, _ = ENCODERS["swin_large_patch4_window7_224"]
+    return cls(**{**preset, **kw})

@@ -21,11 +21,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._lib import GreenmimError
-from .indices import MaskPlan, StagePartition, StagePlan, window_geometry
+from .mask_plan import MaskPlan, StagePartition, StagePlan, window_geometry
 from .layers import (ClassifierHead, DropPath, Mlp, PatchEmbed, check_attn_impl, drop_path_rates, forward_stages,
                      init_linear, plan_for)
 from .ops import group_window_attention
 from .released import released_group_attention
+from .swin import SWIN_B, SWIN_L
 
 
 def log_spaced_coords(window: int, pretrained_window: int = 0) -> Tensor:
@@ -199,21 +200,31 @@ class VisibleSwinTransformerV2(nn.Module):
         return self.forward_head(self.forward_features(img, plan), plan)
 
 
-def _v2(embed_dim, depths, num_heads, img_size, window_size, **kw) -> VisibleSwinTransformerV2:
-    return VisibleSwinTransformerV2(img_size=img_size, window_size=window_size, embed_dim=embed_dim, depths=depths,
-                                    num_heads=num_heads, **kw)
+ENCODERS = {   # timm's names; presets from swin.py
+    "swinv2_base_window8_256": (VisibleSwinTransformerV2, dict(SWIN_B, img_size=256, window_size=8),
+                                "Swin V2-B, timm's swinv2_base_window8_256"),
+    "swinv2_base_window16_256": (VisibleSwinTransformerV2, dict(SWIN_B, img_size=256, window_size=16),
+                                 "Swin V2-B, timm's swinv2_base_window16_256"),
+    "swinv2_large_window12_192": (VisibleSwinTransformerV2, dict(SWIN_L, img_size=192, window_size=12),
+                                  "Swin V2-L, timm's swinv2_large_window12_192"),
+}
+
+
+def _v2(name: str, kw: dict) -> VisibleSwinTransformerV2:
+    cls, preset, _ = ENCODERS[name]
+    return cls(**{**preset, **kw})
 
 
 def swinv2_base_window8_256(**kw) -> VisibleSwinTransformerV2:
     """timm's ``swinv2_base_window8_256``."""
-    return _v2(128, (2, 2, 18, 2), (4, 8, 16, 32), 256, 8, **kw)
+    return _v2("swinv2_base_window8_256", kw)
 
 
 def swinv2_base_window16_256(**kw) -> VisibleSwinTransformerV2:
     """timm's ``swinv2_base_window16_256``."""
-    return _v2(128, (2, 2, 18, 2), (4, 8, 16, 32), 256, 16, **kw)
+    return _v2("swinv2_base_window16_256", kw)
 
 
 def swinv2_large_window12_192(**kw) -> VisibleSwinTransformerV2:
     """timm's ``swinv2_large_window12_192``."""
-    return _v2(192, (2, 2, 18, 2), (6, 12, 24, 48), 192, 12, **kw)
+    return _v2("swinv2_large_window12_192", kw)

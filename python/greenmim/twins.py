@@ -300,9 +300,19 @@ class VisibleTwins(nn.Module):
         return self.forward_head(self.forward_features(img, plan), plan)
 
 
+# ---- presets: each stated once (mim.py builds on them; tests/test_mim.py checks them against the
+# C++ CLI's copy in include/greenmim/models.hpp) --------------------------------------------------
+
 TWINS_SVT_S = dict(embed_dims=(64, 128, 256, 512), num_heads=(2, 4, 8, 16), depths=(2, 2, 10, 4))
 TWINS_SVT_B = dict(embed_dims=(96, 192, 384, 768), num_heads=(3, 6, 12, 24), depths=(2, 2, 18, 2))
 TWINS_SVT_L = dict(embed_dims=(128, 256, 512, 1024), num_heads=(4, 8, 16, 32), depths=(2, 2, 18, 2))
+TWINS_NANO = dict(embed_dims=(32, 64, 128, 256), num_heads=(1, 2, 4, 8), depths=(2, 2, 2, 2))   # a toy
+
+ENCODERS = {   # timm's names
+    "twins_svt_small": (VisibleTwins, TWINS_SVT_S, "Twins-SVT-S, timm's twins_svt_small layout"),
+    "twins_svt_base": (VisibleTwins, TWINS_SVT_B, "Twins-SVT-B, timm's twins_svt_base layout"),
+    "twins_svt_large": (VisibleTwins, TWINS_SVT_L, "Twins-SVT-L, timm's twins_svt_large layout (GreenMIM's Twins-L)"),
+}
 
 
 def twins_svt_small(**kw) -> VisibleTwins:

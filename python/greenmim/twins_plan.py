@@ -26,11 +26,11 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from . import _lib, indices
-from ._arena import ArenaPlan, arena_views, plan_arena
+from . import _lib, mask_plan
+from ._arena import ArenaPlan, PartitionLayout, PlanLayout, StageLayout, StructReader, arena_views, plan_arena
 from ._lib import GreenmimError
 from .conv_tables import BlockTable, NeighborTable, mark_valid
-from .indices import StagePartition
+from .mask_plan import StagePartition
 
 
 @dataclass(eq=False)
@@ -70,26 +70,50 @@ class TwinsStagePlan:
         return self.unit_rank >= 0
 
 
-def _ranges(part: _lib.PlanPartition) -> tuple:
-    return tuple((r.offset, r.size) for r in (part.gather, part.scatter, part.slot_window, part.slot_coord))
+class TwinsStageLayout(StageLayout):
+    """One stage of a :class:`TwinsPlan`'s layout (gmh_twins_stage, and the stage's GSA
+    sub-sampling ``sr``): token grid and counts, the LSA partition, the ranges of its tables."""
+    __slots__ = ()
+    _range_fields = ("position", "cu_seqlens", "neighbors", "keys", "key_cu_seqlens", "query_slot", "key_gather",
+                     "embed", "unit_rank")
+    _fields = ("height", "width", "num_tokens", "num_keys", "max_tokens", "max_keys", "uniform", "key_holes",
+               "embed_holes", "reshape", "lsa") + _range_fields + ("sr",)
+
+    def partition_layouts(self) -> Tuple[PartitionLayout, ...]:
+        return (self.lsa,)
+
+    def with_partition_layouts(self, parts) -> "TwinsStageLayout":
+        (lsa,) = parts
+        return self._replace(lsa=lsa)
 
 
-_STAGE_RANGES = ("position", "cu_seqlens", "neighbors", "keys", "key_cu_seqlens", "query_slot", "key_gather", "embed",
-                 "unit_rank")
+_READ = None   # (reader of gmh_twins_info, the parse of a plan of n stages for each n)
 
 
-def _layout(info: _lib.TwinsInfo, per_sample: bool, patch_grid: Tuple[int, int], sr: Sequence[int]) -> tuple:
-    """The arena's layout as plain Python data (picklable)."""
-    stages = []
-    for k in range(info.num_stages):
-        st = info.stage[k]
-        p = st.lsa
-        lsa = (p.group_size, p.num_groups, p.num_windows, p.window, p.shift, p.budget_exhausted, p.cost,
-               p.lower_bound, p.plan_us, _ranges(p))
-        ranges = tuple((getattr(st, n).offset, getattr(st, n).size) for n in _STAGE_RANGES)
-        stages.append((st.height, st.width, st.num_tokens, st.num_keys, st.max_tokens, st.max_keys, bool(st.uniform),
-                       bool(st.key_holes), bool(st.embed_holes), lsa, ranges, int(sr[k]), int(st.reshape)))
-    return (per_sample, int(info.num_masks), patch_grid, float(info.build_us), tuple(stages))
+def _reader():
+    global _READ
+    if _READ is None:
+        r = StructReader(_lib.TwinsInfo)
+        flags = ("uniform", "key_holes", "embed_holes")
+
+        def stage(k: int) -> str:
+            at = ("stage", k)
+            scalars = [f"bool({r.at(*at, f)})" if f in flags else r.at(*at, f) for f in TwinsStageLayout._fields[:10]]
+            return (f"_new(TwinsStageLayout, ({', '.join(scalars)}, {r.partition(*at, 'lsa')}, "
+                    f"*{r.ranges(*at, names=TwinsStageLayout._range_fields)}, extra[{k}]))")
+
+        parse = [r.compile(f"_new(PlanLayout, (per_sample, {r.at('num_masks')}, patch_grid, {r.at('build_us')}, "
+                           f"({''.join(stage(k) + ', ' for k in range(n))})))", TwinsStageLayout=TwinsStageLayout)
+                 for n in range(_lib.GMH_MAX_STAGES + 1)]
+        _READ = (r, parse, r.index[("num_stages",)], r.index[("num_masks",)], r.index[("build_us",)])
+    return _READ
+
+
+def _layout(per_sample: bool, patch_grid: Tuple[int, int], sr: Tuple[int, ...], v: tuple) -> PlanLayout:
+    """The arena's layout as named records, from gmh_twins_info's values (read by field name)
+    and the stages' sub-sampling ``sr``."""
+    _, parse, n, _, _ = _reader()
+    return parse[v[n]](per_sample, patch_grid, sr, v)
 
 
 class TwinsPlan(ArenaPlan):
@@ -98,63 +122,46 @@ class TwinsPlan(ArenaPlan):
     ``stages[i]`` is a :class:`TwinsStagePlan`; ``patch_index`` the visible patches (stage 1's
     positions); ``per_sample``, ``num_masks``, ``patch_grid`` as :class:`greenmim.MaskPlan`."""
 
-    def __init__(self, arena: Tensor, layout: tuple):
-        super().__init__(arena, layout)
-        self.per_sample, self.num_masks, self.patch_grid, self.build_us = layout[:4]
+    @staticmethod
+    def _head(v: tuple) -> Tuple[int, float]:
+        _, _, _, m, us = _reader()
+        return v[m], v[us]
+
+    _parse = staticmethod(lambda *wire: _layout(*wire))
 
     def _build_stages(self) -> List["TwinsStagePlan"]:
-        arena, layout = self.arena, self.layout
-        per_sample, num_masks, patch_grid, build_us, stages = layout
-        chunks = arena_views(arena, self._ranges(layout))
-        empty = arena[:0]
-        view = lambda r: chunks.get(r, empty)
+        layout = self.layout
+        per_sample, num_masks = layout.per_sample, layout.num_masks
+        view = arena_views(self.arena, self._ranges(layout))    # every array of the arena, in arena order
         out: List[TwinsStagePlan] = []
-        for (H, W, N, K, max_n, max_k, uniform, key_holes, embed_holes, lsa, ranges, sr, reshape) in stages:
-            G, ng, nw, win, sh, exhausted, cost, lb, us, arrays = lsa
-            g, sc, sw, co = (view(r) for r in arrays)
-            part = StagePartition(g, sc, sw, co, None, group_size=G, num_groups=ng, num_tokens=N, window=win, shift=sh,
-                                  cost=cost, lower_bound=lb, plan_us=us, budget_exhausted=bool(exhausted))
-            pos, cu, nbr, keys, key_cu, q_slot, k_gather, embed, rank = (view(r) for r in ranges)
-            cu = cu if per_sample else None
-            nt = NeighborTable(nbr.view(N, 9), (H, W), pos, cu)
-            kt = BlockTable(keys.view(-1, sr * sr), sr, N, key_holes, (H // sr, W // sr), None,
-                            key_cu if per_sample else None, reshape=bool(reshape & 1)) if sr > 1 else None
-            et = BlockTable(embed.view(-1, 4), 2, N, embed_holes, (H // 2, W // 2),
-                            reshape=bool(reshape & 2)) if ranges[7][1] else None
+        for st in layout.stages:
+            H, W, N, sr, p = st.height, st.width, st.num_tokens, st.sr, st.lsa
+            part = StagePartition(*(view(r) for r in p.arrays), None, group_size=p.group_size,
+                                  num_groups=p.num_groups, num_tokens=N, window=p.window, shift=p.shift, cost=p.cost,
+                                  lower_bound=p.lower_bound, plan_us=p.plan_us,
+                                  budget_exhausted=bool(p.budget_exhausted))
+            pos = view(st.position)
+            cu = view(st.cu_seqlens) if per_sample else None
+            key_cu = view(st.key_cu_seqlens) if per_sample else None
+            nt = NeighborTable(view(st.neighbors).view(N, 9), (H, W), pos, cu)
+            kt = BlockTable(view(st.keys).view(-1, sr * sr), sr, N, st.key_holes, (H // sr, W // sr), None, key_cu,
+                            reshape=bool(st.reshape & 1)) if sr > 1 else None
+            et = BlockTable(view(st.embed).view(-1, 4), 2, N, st.embed_holes, (H // 2, W // 2),
+                            reshape=bool(st.reshape & 2)) if st.embed[1] else None
             for t in (nt, kt, et):
                 if t is not None:
                     mark_valid(t)
             out.append(TwinsStagePlan(
                 grid=(H, W), partition=part, neighbors=nt, keys=kt, embed=et, position=pos, cu_seqlens=cu,
-                key_cu_seqlens=key_cu if per_sample else None, num_keys=K, max_tokens=max_n, max_keys=max_k,
-                uniform=uniform, query_slot=q_slot if ranges[5][1] else None,
-                key_gather=k_gather if ranges[6][1] else None, sr=sr,
-                unit_rank=rank.view(num_masks, H * W) if ranges[8][1] else None, num_masks=num_masks))
+                key_cu_seqlens=key_cu, num_keys=st.num_keys, max_tokens=st.max_tokens, max_keys=st.max_keys,
+                uniform=st.uniform, query_slot=view(st.query_slot) if st.query_slot[1] else None,
+                key_gather=view(st.key_gather) if st.key_gather[1] else None, sr=sr,
+                unit_rank=view(st.unit_rank).view(num_masks, H * W) if st.unit_rank[1] else None,
+                num_masks=num_masks))
         for i in range(len(out) - 1):           # the next stage's tokens are the embedding's outputs
             nxt = out[i + 1]
             out[i].embed.position, out[i].embed.cu_seqlens = nxt.position, nxt.cu_seqlens
         return out
-
-    # ---- the arena layout, for ArenaPlan's padded() / shape_key() ---------------------------------
-
-    @staticmethod
-    def _ranges(layout: tuple):
-        return (r for st in layout[4] for r in (*st[9][9], *st[10]))
-
-    @staticmethod
-    def _partitions(layout: tuple):
-        return tuple((st[9],) for st in layout[4])
-
-    @staticmethod
-    def _relayout(layout: tuple, counts, new, exhausted=None) -> tuple:
-        per_sample, num_masks, patch_grid, build_us, stages = layout
-        out = []
-        for st, (n,) in zip(stages, counts):
-            lsa = st[9]
-            lsa = (lsa[0], n, *lsa[2:5], lsa[5] if exhausted is None else exhausted, *lsa[6:9],
-                   tuple(new(r) for r in lsa[9]))
-            out.append((*st[:9], lsa, tuple(new(r) for r in st[10]), *st[11:]))
-        return (per_sample, num_masks, patch_grid, build_us, tuple(out))
 
     def __repr__(self) -> str:
         kind = f"{self.num_masks} per-sample masks" if self.per_sample else "one shared mask"
@@ -174,7 +181,7 @@ def plan_twins(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, win
     sub-sampling ``sr_ratios[s]`` (both must divide the stage's grid), ``channels[s]`` for the
     planner's cost model. ``strategy``, ``group_size`` (-1: each stage's window area, for
     torch.compile), ``max_group_size``, ``device`` and ``cache`` as :func:`greenmim.plan_masks`."""
-    host, per_sample, device, cap = indices.plan_inputs(visible, strategy, img_size, patch_size, max_group_size,
+    host, per_sample, device, cap = mask_plan.plan_inputs(visible, strategy, img_size, patch_size, max_group_size,
                                                         device)
     S = len(windows)
     if not (len(sr_ratios) == len(channels) == S) or not 1 <= S <= _lib.GMH_MAX_STAGES:
@@ -183,7 +190,7 @@ def plan_twins(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, win
     geo = (img_size, patch_size, tuple(windows), tuple(sr_ratios), tuple(channels), strategy, group_size, cap)
     if cache:
         key = ("twins", host.numpy().tobytes(), tuple(host.shape), per_sample, geo, str(device))
-        hit = indices._plan_cache.get(key)
+        hit = mask_plan.plan_cache.get(key)
         if hit is not None:
             return hit
     M, h, w = host.shape
@@ -196,9 +203,10 @@ def plan_twins(visible: Tensor, *, img_size: int = 224, patch_size: int = 4, win
     a.strategy, a.group_size, a.max_group_size = _lib.STRATEGIES[strategy], int(group_size), cap
     info = _lib.TwinsInfo()
     arena = plan_arena("twins", a, info, "twins plan")
-    plan = TwinsPlan(arena, _layout(info, per_sample, (grid, grid), sr_ratios)).to(device)
+    plan = TwinsPlan(arena, wire=(per_sample, (grid, grid), tuple(int(r) for r in sr_ratios),
+                                  _reader()[0].read(info, info.num_stages))).to(device)
     if cache:
-        indices._plan_cache.put(key, plan)
+        mask_plan.plan_cache.put(key, plan)
     return plan
 
 

@@ -32,7 +32,7 @@ def test_encoder_fullgraph_forward_backward_matches_eager():
 
 def test_attention_op_under_inductor():
     torch._dynamo.reset()
-    part = greenmim.stage_partition(random_stage_mask(14, 2), 7, 3, 64, cache=False)
+    part = greenmim.testing.stage_partition(random_stage_mask(14, 2), 7, 3, 64, cache=False)
     lin = torch.nn.Linear(8, 3 * 8)
     x = torch.randn(2, part.num_tokens, 8, requires_grad=True)
     bias = torch.randn(169, 2, requires_grad=True)
@@ -48,3 +48,25 @@ def test_attention_op_under_inductor():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gx, wx, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(gb, wb, rtol=1e-4, atol=1e-5)
+
+
+def test_fresh_plans_straight_into_a_fullgraph_model():
+    """``compiled(x, model.plan(mask))`` with a new plan each call, made on the CPU and passed
+    straight in: its views of the arena are first made inside the compiled region, where dynamo
+    makes the layout's sizes symbolic from the second plan on (the stages' views once sorted
+    tuples of them: "sort with non-constant keys"). Swin and Twins, shared and per-sample masks.
+    (Without ``group_size=-1`` and ``mark_dynamic`` a new mask may recompile: correct, not fast.)"""
+    small = dict(img_size=112, depths=(1, 1, 1), num_heads=(1, 1, 2))
+    models = ((greenmim.VisibleSwinTransformer(embed_dim=16, window_size=7, **small), (None, None, 2)),
+              (greenmim.VisibleTwins(embed_dims=(16, 32, 64), mlp_ratios=(2, 2, 2), sr_ratios=(4, 2, 1),
+                                     wss=(7, 7, 7), **small), (None, 2)))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 112, 112)
+    for model, batches in models:
+        torch._dynamo.reset()
+        model.eval()
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        for batch in batches:
+            mask = greenmim.random_masks(batch, generator=gen)
+            got = compiled(x, model.plan(mask, cache=False))
+            torch.testing.assert_close(got, model(x, model.plan(mask, cache=False)), rtol=1e-5, atol=1e-6)

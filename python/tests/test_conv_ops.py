@@ -61,14 +61,14 @@ def test_depthwise_equals_dense_conv_at_visible_cells(per_token, batch):
     g = torch.Generator().manual_seed(1)
     for H in GRIDS:
         mask = stage_mask(H, batch, per_token, g)
-        t = greenmim.neighbor_table(mask, cache=False)
+        t = greenmim.conv_tables.neighbor_table(mask, cache=False)
         C = 8
         x = features(t.num_tokens, mask, C)
         w, b = torch.randn(C, 1, 3, 3, dtype=D), torch.randn(C, dtype=D)
         for residual in (False, True):
             for bias in (b, None):
                 want = dense_at(x, mask, w, bias, 1, 1, C, t.position) + (x if residual else 0)
-                got = greenmim.submanifold_depthwise_conv3x3(x, t, w, bias, residual=residual)
+                got = greenmim.conv_ops.submanifold_depthwise_conv3x3(x, t, w, bias, residual=residual)
                 torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
@@ -80,13 +80,13 @@ def test_block_conv_equals_dense_conv_at_output_cells(per_token, batch, algo):
     for H, sr in zip(GRIDS, (8, 4, 2, 1)):                  # GSA sub-sampling, then the patch embedding
         mask = stage_mask(H, batch, per_token, g)
         for s in {sr, 2} if H > 7 else {1}:
-            t = greenmim.block_table(mask, s, cache=False)
+            t = greenmim.conv_tables.block_table(mask, s, cache=False)
             assert t.holes == (per_token and s > 1 and bool((t.gather < 0).any()))
             Ci, Co = 5, 6
             x = features(t.num_inputs, mask, Ci)
             w, b = torch.randn(Co, Ci, s, s, dtype=D), torch.randn(Co, dtype=D)
             want = dense_at(x, mask, w, b, s, 0, 1, t.position)
-            got = greenmim.block_conv(x, t, w, b, algo=algo)
+            got = greenmim.conv_ops.block_conv(x, t, w, b, algo=algo)
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
             if per_token and s > 1:
                 assert t.holes                                  # the partly visible blocks exist
@@ -95,21 +95,21 @@ def test_block_conv_equals_dense_conv_at_output_cells(per_token, batch, algo):
 def test_tables_describe_their_outputs():
     g = torch.Generator().manual_seed(3)
     mask = stage_mask(28, 4, True, g, keep=0.3)
-    t = greenmim.block_table(mask, 4, cache=False)
+    t = greenmim.conv_tables.block_table(mask, 4, cache=False)
     pooled = F.max_pool2d(mask.double().unsqueeze(1), 4).squeeze(1).bool()   # any rule
     assert torch.equal(t.cu_seqlens.diff(), pooled.flatten(1).sum(1).int())
     assert torch.equal(t.position.long(), pooled.flatten().nonzero().flatten())
-    n = greenmim.neighbor_table(mask, cache=False)
+    n = greenmim.conv_tables.neighbor_table(mask, cache=False)
     assert torch.equal(n.position.long(), mask.flatten().nonzero().flatten())
     assert n.nbr[:, 4].tolist() == list(range(n.num_tokens))                 # the centre tap is the token
-    assert greenmim.neighbor_table(mask) is greenmim.neighbor_table(mask)     # cached with the plans
+    assert greenmim.conv_tables.neighbor_table(mask) is greenmim.conv_tables.neighbor_table(mask)     # cached with the plans
 
 
 def test_gradcheck_float64():
     g = torch.Generator().manual_seed(4)
     for batch in (None, 2):
         mask = stage_mask(8, batch, True, g, keep=0.5)
-        nt, bt = greenmim.neighbor_table(mask, cache=False), greenmim.block_table(mask, 4, cache=False)
+        nt, bt = greenmim.conv_tables.neighbor_table(mask, cache=False), greenmim.conv_tables.block_table(mask, 4, cache=False)
         C = 3
         x = features(nt.num_tokens, mask, C).requires_grad_()
         w = torch.randn(C, 1, 3, 3, dtype=D, requires_grad=True)
@@ -118,10 +118,10 @@ def test_gradcheck_float64():
         bb = torch.randn(4, dtype=D, requires_grad=True)
         for residual in (False, True):
             assert torch.autograd.gradcheck(
-                lambda x, w, b: greenmim.submanifold_depthwise_conv3x3(x, nt, w, b, residual=residual), (x, w, b))
+                lambda x, w, b: greenmim.conv_ops.submanifold_depthwise_conv3x3(x, nt, w, b, residual=residual), (x, w, b))
         for algo in ("auto", "reference"):
-            assert torch.autograd.gradcheck(lambda x, w, b: greenmim.block_conv(x, bt, w, b, algo=algo), (x, wb, bb))
-        assert torch.autograd.gradcheck(lambda x, w: greenmim.block_conv(x, bt, w, None, algo="reference"), (x, wb))
+            assert torch.autograd.gradcheck(lambda x, w, b: greenmim.conv_ops.block_conv(x, bt, w, b, algo=algo), (x, wb, bb))
+        assert torch.autograd.gradcheck(lambda x, w: greenmim.conv_ops.block_conv(x, bt, w, None, algo="reference"), (x, wb))
 
 
 def test_opcheck():
@@ -129,7 +129,7 @@ def test_opcheck():
         pytest.skip("torch.library.opcheck needs a newer torch")
     g = torch.Generator().manual_seed(5)
     mask = stage_mask(8, 2, True, g, keep=0.5)
-    nt, bt = greenmim.neighbor_table(mask, cache=False), greenmim.block_table(mask, 2, cache=False)
+    nt, bt = greenmim.conv_tables.neighbor_table(mask, cache=False), greenmim.conv_tables.block_table(mask, 2, cache=False)
     x = features(nt.num_tokens, mask, 4, torch.float32).requires_grad_()
     w, b = torch.randn(4, 1, 3, 3, requires_grad=True), torch.randn(4, requires_grad=True)
     wb, bb = torch.randn(6, 4, 2, 2, requires_grad=True), torch.randn(6, requires_grad=True)
@@ -147,12 +147,12 @@ def test_opcheck():
 @pytest.mark.parametrize("holes", [True, False])
 def test_block_conv_gemm_path_equals_reference(holes, kernels):
     """The CUDA default (the blocks' rows gathered, torch GEMMs, dx scattered back:
-    _conv_backend._block_*_gemm) against the Eigen reference: forward, dx, dweight, dbias; shared
+    _conv_abi._block_*_gemm) against the Eigen reference: forward, dx, dweight, dbias; shared
     and per-sample masks, strided rows, masks aligned to the blocks (no holes) or not. `kernels`:
     the gather and scatter on the library's row copies (the emulator, float32, inside a bf16
     autocast region), else torch's (float64)."""
     import contextlib
-    from greenmim import _conv_backend as cb
+    from greenmim import _conv_abi as cb
     g = torch.Generator().manual_seed(11)
     @contextlib.contextmanager
     def emulated_under_autocast():   # an autocast region of another dtype must not leak into the GEMMs
@@ -163,14 +163,14 @@ def test_block_conv_gemm_path_equals_reference(holes, kernels):
     for batch in (None, 3):
         for s in (2, 4):
             mask = stage_mask(16 if holes else 28, batch, holes, g, keep=0.4)   # 28: 4 x 4-token units
-            bt = greenmim.block_table(mask, s, cache=False)
+            bt = greenmim.conv_tables.block_table(mask, s, cache=False)
             assert bool(bt.holes) == holes
             C, Co = 5, 7
             rows = features(bt.num_inputs, mask, C + 3)[..., :C]      # rows C + 3 apart
             x = rows.detach().clone().requires_grad_()
             w = torch.randn(Co, C, s, s, dtype=D, requires_grad=True)
             b = torch.randn(Co, dtype=D, requires_grad=True)
-            want = greenmim.block_conv(x, bt, w, b, algo="reference")
+            want = greenmim.conv_ops.block_conv(x, bt, w, b, algo="reference")
             dy = torch.randn_like(want)
             want_g = torch.autograd.grad(want, (x, w, b), dy)
             tol = {} if dt == D else dict(rtol=1e-4, atol=1e-4)
@@ -247,8 +247,8 @@ def test_twins_plan_block_convs_are_reshapes_and_one_gemm(units, batch):
             x = torch.randn(1 if per_sample else 2, t.num_inputs, C, dtype=D, requires_grad=True)
             w = torch.randn(Co, C, s, s, dtype=D, requires_grad=True)
             b = torch.randn(Co, dtype=D, requires_grad=True)
-            got = greenmim.block_conv(x, t, w, b)
-            want = greenmim.block_conv(x, t, w, b, algo="reference")
+            got = greenmim.conv_ops.block_conv(x, t, w, b)
+            want = greenmim.conv_ops.block_conv(x, t, w, b, algo="reference")
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
             dy = torch.randn_like(want)
             for a, e in zip(torch.autograd.grad(got, (x, w, b), dy), torch.autograd.grad(want, (x, w, b), dy)):
@@ -272,30 +272,30 @@ def test_block_conv_reshape_path_under_autocast_and_a_false_claim():
     t = plan.stages[0].keys
     assert t.reshape and t.stride == 8
     x, w, b = torch.randn(2, t.num_inputs, 16), torch.randn(8, 16, 8, 8), torch.randn(8)
-    want = greenmim.block_conv(x, t, w, b, algo="reference")
+    want = greenmim.conv_ops.block_conv(x, t, w, b, algo="reference")
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = greenmim.block_conv(x, t, w, b)
+        got = greenmim.conv_ops.block_conv(x, t, w, b)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, rtol=3e-2, atol=0.5)
-    bt = greenmim.block_table(torch.ones(8, 8, dtype=torch.bool), 2, cache=False)    # row-major: not a reshape
-    liar = greenmim.BlockTable(bt.gather.clone(), 2, bt.num_inputs, False, bt.grid, reshape=True)
+    bt = greenmim.conv_tables.block_table(torch.ones(8, 8, dtype=torch.bool), 2, cache=False)    # row-major: not a reshape
+    liar = greenmim.conv_tables.BlockTable(bt.gather.clone(), 2, bt.num_inputs, False, bt.grid, reshape=True)
     with pytest.raises(GreenmimError, match="says reshape=True"):
-        greenmim.block_conv(torch.randn(1, 64, 3), liar, torch.randn(4, 3, 2, 2))
+        greenmim.conv_ops.block_conv(torch.randn(1, 64, 3), liar, torch.randn(4, 3, 2, 2))
     with pytest.raises(GreenmimError, match="features have 63 tokens"):
-        greenmim.block_conv(torch.randn(2, 63, 16), t, w, b)
+        greenmim.conv_ops.block_conv(torch.randn(2, 63, 16), t, w, b)
     # a claim made after the table's check is checked on its next use
-    ok = greenmim.block_table(torch.ones(8, 8, dtype=torch.bool), 2, cache=False)
+    ok = greenmim.conv_tables.block_table(torch.ones(8, 8, dtype=torch.bool), 2, cache=False)
     x2, w2 = torch.randn(1, 64, 3), torch.randn(4, 3, 2, 2)
-    greenmim.block_conv(x2, ok, w2)
+    greenmim.conv_ops.block_conv(x2, ok, w2)
     ok.reshape = True
     with pytest.raises(GreenmimError, match="says reshape=True"):
-        greenmim.block_conv(x2, ok, w2)
+        greenmim.conv_ops.block_conv(x2, ok, w2)
     # float64 under autocast stays float64 (autocast leaves it alone), as on the other paths
     x64, w64, b64 = x.double(), w.double(), b.double()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got64 = greenmim.block_conv(x64, t, w64, b64)
+        got64 = greenmim.conv_ops.block_conv(x64, t, w64, b64)
     assert got64.dtype == torch.float64
-    torch.testing.assert_close(got64, greenmim.block_conv(x64, t, w64, b64, algo="reference"))
+    torch.testing.assert_close(got64, greenmim.conv_ops.block_conv(x64, t, w64, b64, algo="reference"))
 
 
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
@@ -304,7 +304,7 @@ def test_w_prime_gradient_is_one_copy_in_the_weights_layout(fmt):
     (autograd's own backward of the permuting cast made two: a cast in W''s order, then
     AccumulateGrad's clone into the weight's strides; a contiguous gradient for a channels_last
     weight would be cloned too), with the values of the plain permute."""
-    from greenmim._conv_backend import _w_prime_view, w_prime
+    from greenmim._conv_abi import _w_prime_view, w_prime
 
     for s, morton in ((1, False), (2, True), (4, True), (8, True), (3, False)):
         w = torch.randn(6, 5, s, s).to(memory_format=fmt).requires_grad_(True)
@@ -331,7 +331,7 @@ def test_reshape_path_weight_order_and_no_host_tensors():
     """W' of the reshape path has tap (i, j) at Morton rank (i, j) for every power-of-two stride,
     and the path makes no tensor from host data (lift_fresh: torch.tensor of a list), which a CUDA
     graph cannot capture (a device run found such a copy and the Twins step lost its graphs)."""
-    from greenmim._conv_backend import w_prime
+    from greenmim._conv_abi import w_prime
     from greenmim.conv_tables import morton_rank
     for s in (1, 2, 4, 8, 16):
         w = torch.randn(3, 5, s, s, dtype=D)
@@ -343,9 +343,9 @@ def test_reshape_path_weight_order_and_no_host_tensors():
     t = greenmim.plan_twins(_twins_mask(7, 2, torch.Generator().manual_seed(15)), cache=False).stages[0].keys
     x = torch.randn(1, t.num_inputs, 4, requires_grad=True)
     w, b = torch.randn(6, 4, 8, 8, requires_grad=True), torch.randn(6, requires_grad=True)
-    greenmim.block_conv(x, t, w, b)                      # the table's one-time checks happen here
+    greenmim.conv_ops.block_conv(x, t, w, b)                      # the table's one-time checks happen here
     with _OpNames() as ops:
-        greenmim.block_conv(x, t, w, b).sum().backward()
+        greenmim.conv_ops.block_conv(x, t, w, b).sum().backward()
     assert any("addmm" in n or "linear" in n or "mm" in n for n in ops.names), ops.names
     assert not [n for n in ops.names if "lift_fresh" in n or "_to_copy" in n or "index" in n], ops.names
 
@@ -354,20 +354,20 @@ def test_block_conv_refuses_features_of_another_token_count_on_every_path():
     """A table indexes x's token axis: x with more or fewer tokens than the table's inputs is
     refused with the reason on every path (before, the gather paths ignored extra tokens or
     failed inside torch's index_select)."""
-    bt = greenmim.block_table(torch.ones(8, 8, dtype=torch.bool), 2, cache=False)
+    bt = greenmim.conv_tables.block_table(torch.ones(8, 8, dtype=torch.bool), 2, cache=False)
     w = torch.randn(4, 3, 2, 2, dtype=D)
     for n in (63, 65):
         for algo in ("auto", "reference"):
             with pytest.raises(GreenmimError, match=f"features have {n} tokens, the block table 64"):
-                greenmim.block_conv(torch.randn(2, n, 3, dtype=D), bt, w, algo=algo)
+                greenmim.conv_ops.block_conv(torch.randn(2, n, 3, dtype=D), bt, w, algo=algo)
 
 
 def test_block_conv_row_copy_refuses_mismatched_dtypes():
     """The gather + GEMM path's row copies move bytes: tokens and slots of different dtypes are
     refused (a bf16 dA copied into a float32 dx would be garbage), and nothing is written."""
-    from greenmim import _conv_backend as cb
+    from greenmim import _conv_abi as cb
     mask = stage_mask(8, None, True, torch.Generator().manual_seed(12), keep=0.5)
-    bt = greenmim.block_table(mask, 2, cache=False)
+    bt = greenmim.conv_tables.block_table(mask, 2, cache=False)
     x = torch.randn(1, bt.num_inputs, 8)
     slots = torch.full((1, bt.gather.numel(), 8), 7.0, dtype=torch.bfloat16)
     with greenmim.emulate_cuda():
@@ -381,13 +381,13 @@ def test_emulated_cuda_path_equals_cpu(dtype, tol):
     g = torch.Generator().manual_seed(6)
     for batch in (None, 2):
         mask = stage_mask(16, batch, True, g, keep=0.4)
-        nt, bt = greenmim.neighbor_table(mask, cache=False), greenmim.block_table(mask, 4, cache=False)
+        nt, bt = greenmim.conv_tables.neighbor_table(mask, cache=False), greenmim.conv_tables.block_table(mask, 4, cache=False)
         C = 16
         x = features(nt.num_tokens, mask, C, torch.float32)
         w, b = torch.randn(C, 1, 3, 3), torch.randn(C)
         wb, bb = torch.randn(8, C, 4, 4) * 0.1, torch.randn(8)
-        cases = ((lambda x, w, b: greenmim.submanifold_depthwise_conv3x3(x, nt, w, b, residual=True), w, b),
-                 (lambda x, w, b: greenmim.block_conv(x, bt, w, b), wb, bb))
+        cases = ((lambda x, w, b: greenmim.conv_ops.submanifold_depthwise_conv3x3(x, nt, w, b, residual=True), w, b),
+                 (lambda x, w, b: greenmim.conv_ops.block_conv(x, bt, w, b), wb, bb))
         for f, weight, bias in cases:
             ins = [t.clone().requires_grad_() for t in (x, weight, bias)]
             want = f(*ins)
@@ -407,10 +407,10 @@ def test_emulated_cuda_path_equals_cpu(dtype, tol):
 def test_bad_input_is_refused_with_the_reason():
     g = torch.Generator().manual_seed(7)
     mask = stage_mask(8, None, True, g, keep=0.5)
-    nt, bt = greenmim.neighbor_table(mask, cache=False), greenmim.block_table(mask, 2, cache=False)
+    nt, bt = greenmim.conv_tables.neighbor_table(mask, cache=False), greenmim.conv_tables.block_table(mask, 2, cache=False)
     x = torch.randn(2, nt.num_tokens, 4)
     w, wb = torch.randn(4, 1, 3, 3), torch.randn(3, 4, 2, 2)
-    conv, block = greenmim.submanifold_depthwise_conv3x3, greenmim.block_conv
+    conv, block = greenmim.conv_ops.submanifold_depthwise_conv3x3, greenmim.conv_ops.block_conv
     with pytest.raises(GreenmimError, match="float32 and float64"):
         conv(x.half(), nt, w)
     with pytest.raises(GreenmimError, match=r"weight must be \[C, 1, 3, 3\]"):
@@ -422,9 +422,9 @@ def test_bad_input_is_refused_with_the_reason():
     with pytest.raises(GreenmimError, match="NeighborTable"):
         conv(x, bt, w)
     with pytest.raises(GreenmimError, match="meta.*cpu|cpu.*meta"):
-        conv(x, greenmim.NeighborTable(nt.nbr.to("meta"), nt.grid), w)
+        conv(x, greenmim.conv_tables.NeighborTable(nt.nbr.to("meta"), nt.grid), w)
     with pytest.raises(GreenmimError, match="meta.*cpu|cpu.*meta"):
-        block(x, greenmim.block_table(mask, 2, device="meta", cache=False), wb)
+        block(x, greenmim.conv_tables.block_table(mask, 2, device="meta", cache=False), wb)
     with pytest.raises(GreenmimError, match="stride 2"):
         block(x, bt, torch.randn(3, 4, 4, 4))
     with pytest.raises(GreenmimError, match="C_in = 4"):
@@ -432,35 +432,35 @@ def test_bad_input_is_refused_with_the_reason():
     bad = nt.nbr.clone()
     bad[0, 0] = nt.num_tokens
     with pytest.raises(GreenmimError, match="outside"):
-        conv(x, greenmim.NeighborTable(bad, nt.grid), w)
+        conv(x, greenmim.conv_tables.NeighborTable(bad, nt.grid), w)
     twice = bt.gather.clone()
     twice[0, 0] = twice[1, 0] if twice[1, 0] >= 0 else twice[0, 1]
     with pytest.raises(GreenmimError, match="two blocks"):
-        block(x, greenmim.BlockTable(twice, 2, bt.num_inputs, True), wb)
+        block(x, greenmim.conv_tables.BlockTable(twice, 2, bt.num_inputs, True), wb)
     with pytest.raises(GreenmimError, match="out of range|outside"):   # the reference's own check
         torch.ops.greenmim.depthwise_conv3x3_fwd(x, bad, w, None, False)
     with pytest.raises(GreenmimError, match="stride 3 must be 1..64 and divide"):
-        greenmim.block_table(mask, 3, cache=False)
+        greenmim.conv_tables.block_table(mask, 3, cache=False)
     with pytest.raises(GreenmimError, match="bool"):
-        greenmim.neighbor_table(mask.float())
+        greenmim.conv_tables.neighbor_table(mask.float())
     with greenmim.emulate_cuda(), pytest.raises(GreenmimError, match="float32, float16 or bfloat16"):
         conv(x.double(), nt, w.double())
 
 
 @pytest.mark.parametrize("emulated", [False, True])
 def test_eager_fast_path_is_taken_and_equals_the_custom_op(emulated):
-    """In plain eager mode the ops skip the dispatcher (greenmim._eager); the results and every
+    """In plain eager mode the ops skip the dispatcher (greenmim._dispatch); the results and every
     gradient are bitwise those of the custom ops, on the CPU reference and on the kernels."""
-    from greenmim import _eager
+    from greenmim import _dispatch as _eager
     g = torch.Generator().manual_seed(11)
     mask = stage_mask(16, 2, True, g, keep=0.4)
-    nt, bt = greenmim.neighbor_table(mask, cache=False), greenmim.block_table(mask, 4, cache=False)
+    nt, bt = greenmim.conv_tables.neighbor_table(mask, cache=False), greenmim.conv_tables.block_table(mask, 4, cache=False)
     dt = torch.float32 if emulated else D
     x = features(nt.num_tokens, mask, 16, dt)
     w, b, wb, bb = torch.randn(16, 1, 3, 3), torch.randn(16), torch.randn(8, 16, 4, 4), torch.randn(8)
-    cases = ((lambda x, w, b: greenmim.submanifold_depthwise_conv3x3(x, nt, w, b, residual=True, algo="reference"), w, b),
-             (lambda x, w, b: greenmim.block_conv(x, bt, w, b, algo="reference"), wb, bb),
-             (lambda x, w, b: greenmim.submanifold_depthwise_conv3x3(x, nt, w, None), w, b))
+    cases = ((lambda x, w, b: greenmim.conv_ops.submanifold_depthwise_conv3x3(x, nt, w, b, residual=True, algo="reference"), w, b),
+             (lambda x, w, b: greenmim.conv_ops.block_conv(x, bt, w, b, algo="reference"), wb, bb),
+             (lambda x, w, b: greenmim.conv_ops.submanifold_depthwise_conv3x3(x, nt, w, None), w, b))
     ctx = greenmim.emulate_cuda() if emulated else torch.enable_grad()
     with ctx:
         for f, weight, bias in cases:

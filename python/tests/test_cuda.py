@@ -13,14 +13,14 @@ TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 @pytest.mark.parametrize("per_sample", [False, True])
 def test_attention_fwd_bwd_against_float64_oracle(dtype, per_sample):
     m = random_stage_mask(56, 8, 4 if per_sample else None)
-    part = greenmim.stage_partition(m, 7, 3, 128, device="cuda", cache=False)
+    part = greenmim.testing.stage_partition(m, 7, 3, 128, device="cuda", cache=False)
     B = 1 if per_sample else 3
     qkv = torch.randn(B, part.num_tokens, 3, 4, 32, device="cuda").to(dtype).requires_grad_()
     bias = torch.randn(169, 4, device="cuda", requires_grad=True)
     o = greenmim.group_window_attention_packed(qkv, bias, part)
     g = torch.randn_like(o)
     o.backward(g)
-    cpu = greenmim.stage_partition(m, 7, 3, 128, cache=False)
+    cpu = greenmim.testing.stage_partition(m, 7, 3, 128, cache=False)
     qkv64 = qkv.detach().cpu().double().requires_grad_()
     b64 = bias.detach().cpu().double().requires_grad_()
     o64 = oracle_attention(*qkv64.unbind(2), b64, cpu, 7)
@@ -34,8 +34,8 @@ def test_attention_fwd_bwd_against_float64_oracle(dtype, per_sample):
 def test_device_index_building_equals_host():
     for per_sample in (False, True):
         m = random_stage_mask(56, 8, 8 if per_sample else None)
-        d = greenmim.stage_partition(m, 7, 3, 128, device="cuda", cache=False)
-        h = greenmim.stage_partition(m, 7, 3, 128, cache=False)
+        d = greenmim.testing.stage_partition(m, 7, 3, 128, device="cuda", cache=False)
+        h = greenmim.testing.stage_partition(m, 7, 3, 128, cache=False)
         for f in ("gather", "scatter", "slot_window", "slot_coord", "token_window"):
             assert torch.equal(getattr(d, f).cpu(), getattr(h, f)), f
 
@@ -92,19 +92,19 @@ def test_block_conv_gemm_path_and_fused_kernels_equal_the_reference(dtype, holes
                 .repeat_interleave(4, 2)
         mask = mask[0] if batch is None else mask
         for s, C, Co in ((2, 64, 96), (4, 24, 40)):
-            bt = greenmim.block_table(mask, s, cache=False)
+            bt = greenmim.conv_tables.block_table(mask, s, cache=False)
             assert bool(bt.holes) == holes
             x = torch.randn(2 if batch is None else 1, bt.num_inputs, C, dtype=torch.float64)
             w, b = torch.randn(Co, C, s, s, dtype=torch.float64) * 0.1, torch.randn(Co, dtype=torch.float64)
             ins = [t.clone().requires_grad_() for t in (x, w, b)]
-            want = greenmim.block_conv(ins[0], bt, ins[1], ins[2], algo="reference")
+            want = greenmim.conv_ops.block_conv(ins[0], bt, ins[1], ins[2], algo="reference")
             dy = torch.randn_like(want)
             want_g = torch.autograd.grad(want, ins, dy)
-            btc = greenmim.block_table(mask.cuda(), s, cache=False)
+            btc = greenmim.conv_tables.block_table(mask.cuda(), s, cache=False)
             for algo in ("auto", "fused"):
                 got_in = [x.to("cuda", dtype).requires_grad_(), w.float().cuda().requires_grad_(),
                           b.float().cuda().requires_grad_()]
-                got = greenmim.block_conv(got_in[0], btc, got_in[1], got_in[2], algo=algo)
+                got = greenmim.conv_ops.block_conv(got_in[0], btc, got_in[1], got_in[2], algo=algo)
                 got_g = torch.autograd.grad(got, got_in, dy.to("cuda", dtype))
                 tol = TOL[dtype] * (4 if dtype != torch.float32 else 10)
                 for name, a, e in (("y", got, want), *zip(("dx", "dw", "db"), got_g, want_g)):
@@ -209,7 +209,7 @@ def test_pretrain_cuda_graphs_replays_and_tracks_eager(tmp_path, per_sample):
         argv = ["--model", "green_mim_swin_nano_patch4_dec128b1", "--batch_size", "8", "--epochs", "2",
                 "--warmup_epochs", "1", "--lr", "1e-3", "--max_steps", "8", "--num_workers", "1", "--amp", "off",
                 "--vis_freq", "100", "--save_freq", "100", "--output_dir", str(tmp_path / mode), "--device", "cuda"]
-        argv += ["--per_sample_masks"] * per_sample + ["--cuda_graphs"] * (mode == "graphs")
+        argv += ["--per_sample_masks"] * per_sample + (["--cuda_graphs"] if mode == "graphs" else ["--eager"])
         args = pargs.parser().parse_args(argv)
         pargs.validate(args)
         ctx = dist.setup(args.device, args.fsdp)

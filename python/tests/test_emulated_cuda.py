@@ -23,9 +23,9 @@ TOL = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 @pytest.mark.parametrize("shift", [0, 3])
 def test_device_index_building_equals_host(per_sample, shift):
     m = random_stage_mask(28, 4, 3 if per_sample else None)
-    host = greenmim.stage_partition(m, 7, shift, 128, cache=False)
+    host = greenmim.testing.stage_partition(m, 7, shift, 128, cache=False)
     with greenmim.emulate_cuda():
-        dev = greenmim.stage_partition(m, 7, shift, 128, cache=False)
+        dev = greenmim.testing.stage_partition(m, 7, shift, 128, cache=False)
     for f in ("gather", "scatter", "slot_window", "slot_coord", "token_window"):
         assert torch.equal(getattr(host, f), getattr(dev, f)), f
     assert (host.group_size, host.num_groups, host.window, host.shift) == \
@@ -34,7 +34,7 @@ def test_device_index_building_equals_host(per_sample, shift):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_packed_attention_forward_backward(dtype):
-    part = greenmim.stage_partition(random_stage_mask(14, 2), 7, 3, 64, cache=False)
+    part = greenmim.testing.stage_partition(random_stage_mask(14, 2), 7, 3, 64, cache=False)
     N = part.num_tokens
     qkv = torch.randn(2, N, 3, 2, 32).to(dtype).requires_grad_()
     bias = torch.randn(169, 2, requires_grad=True)
@@ -56,7 +56,7 @@ def test_packed_attention_forward_backward(dtype):
 
 
 def test_dbias_deterministic_and_views_per_sample():
-    part = greenmim.stage_partition(random_stage_mask(14, 7, 3, keep=2), 7, 0, 64, cache=False)
+    part = greenmim.testing.stage_partition(random_stage_mask(14, 7, 3, keep=2), 7, 0, 64, cache=False)
     N = part.num_tokens
     qkv = torch.randn(1, N, 3, 1, 32, dtype=torch.float16)
     grads = []
@@ -70,17 +70,17 @@ def test_dbias_deterministic_and_views_per_sample():
 
 
 def test_partition_ops_on_kernels():
-    part = greenmim.stage_partition(random_stage_mask(28, 4), 7, 3, 128, cache=False)
+    part = greenmim.testing.stage_partition(random_stage_mask(28, 4), 7, 3, 128, cache=False)
     x = torch.randn(2, part.num_tokens, 16, dtype=torch.bfloat16)
     with greenmim.emulate_cuda():
-        y = greenmim.partition_tokens(x, part)
-        back = greenmim.unpartition_tokens(y, part)
-    assert torch.equal(y, greenmim.partition_tokens(x.float(), part).to(torch.bfloat16))
+        y = greenmim.ops.partition_tokens(x, part)
+        back = greenmim.ops.unpartition_tokens(y, part)
+    assert torch.equal(y, greenmim.ops.partition_tokens(x.float(), part).to(torch.bfloat16))
     assert torch.equal(back, x)
 
 
 def test_kernel_refusals_are_exceptions():
-    part = greenmim.stage_partition(random_stage_mask(14, 7), 7, 0, 64, cache=False)
+    part = greenmim.testing.stage_partition(random_stage_mask(14, 7), 7, 0, 64, cache=False)
     q = torch.randn(1, part.num_tokens, 1, 48)          # head_dim 48: not implemented by the kernels
     with greenmim.emulate_cuda(), pytest.raises(GreenmimError, match="head_dim"):
         greenmim.group_window_attention(q, q, q, None, part)
@@ -99,7 +99,7 @@ def test_window16_through_the_package(max_group_size):
     fourth = torch.zeros(256, dtype=torch.bool)
     fourth[:10] = True
     m[16:, 16:] = fourth.view(16, 16)
-    part = greenmim.stage_partition(m, 16, 0, 256, cache=False, max_group_size=max_group_size)
+    part = greenmim.testing.stage_partition(m, 16, 0, 256, cache=False, max_group_size=max_group_size)
     assert part.group_size == (256 if max_group_size is None else 266)
     N = part.num_tokens
     qkv = torch.randn(1, N, 3, 1, 32).to(torch.bfloat16).requires_grad_()

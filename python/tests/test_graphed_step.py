@@ -153,8 +153,10 @@ def test_tensor_learning_rates_are_saved_as_numbers(tmp_path):
     assert all(type(g["lr"]) is float and g["lr"] == want for g in saved)
 
 
-def test_cuda_graphs_refuses_what_it_cannot_capture(tmp_path, capsys):
-    """One line, exit code 2 (in this process: greenmim.pretrain.cli.main, as the command runs it)."""
+def test_cuda_graphs_on_the_cpu_or_with_eager_is_refused(tmp_path, capsys):
+    """What --cuda_graphs refused before (fp16, --accum_iter > 1, --fsdp, the released decoder order)
+    now runs eagerly with one line (graphs.choose, test_long_runs.py); asking for graphs on the CPU,
+    or for graphs and --eager at once, is one line and exit code 2."""
     from greenmim.pretrain import cli
 
     def bad(expect, *extra):
@@ -163,12 +165,64 @@ def test_cuda_graphs_refuses_what_it_cannot_capture(tmp_path, capsys):
         lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert rc == 2 and len(lines) == 1 and lines[0].startswith("greenmim.pretrain: error:"), lines
         assert expect in lines[0], lines[0]
-    bad("--accum_iter 2", "--accum_iter", "2")
-    bad("--amp fp16", "--amp", "fp16")
-    bad("--decoder_order released", "--decoder_order", "released")
-    bad("--fsdp", "--fsdp")
     bad("--cuda_graphs needs a CUDA device", "--device", "cpu")
+    bad("--cuda_graphs and --eager contradict each other", "--eager")
     assert not list(tmp_path.rglob("checkpoint*"))
+
+
+def test_overflowing_plans_grow_the_capacity_and_the_step_is_captured_again():
+    """A capacity from too few masks: more than 1% of a window's plans overflow, so the capacity
+    grows to cover them and the step is captured once more; the plans the loader padded to the old
+    capacity are padded to the new one. Every step still equals eager."""
+    (ref, model), (ref_opt, opt) = _pair()
+    gen = torch.Generator().manual_seed(5)
+    geo = data.Geometry(model, fixed_groups=True)
+    geo.capacity = geo.capacity_for(2, True, 0.75, seed=3, samples=1)
+    stand_in = _StandIn()
+    step = graphs.GraphedStep(model, lambda x, p: model(x, p)[0], opt, None, torch.device("cpu"), geo.capacity,
+                              warmup=1, graph_api=stand_in, grow_window=4)
+    first = step.capacity
+    for k in range(10):
+        plan = geo.plan(ref.random_masks(2, generator=gen))
+        img = torch.randn(2, 3, 224, 224, dtype=torch.float64, generator=gen)
+        torch.testing.assert_close(step.step(img, plan), _eager_step(ref, ref_opt, img, plan), rtol=1e-10, atol=0)
+    assert step.recaptures >= 1 and stand_in.captures == 1 + step.recaptures, (step.recaptures, stand_in.captures)
+    assert all(b >= a for sa, sb in zip(first, step.capacity) for a, b in zip(sa, sb)) and step.capacity != first
+    for p, q in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-9, atol=1e-12)
+
+
+def test_a_nonfinite_step_is_skipped_on_the_device_inside_the_graph():
+    """The graph computes the flag and the fused AdamW skips the update (found_inf, as GradScaler
+    drives it): nothing read back. The parameters and the step count stay; later steps equal eager
+    steps that skipped the same batch."""
+    models, opts = _pair()
+    ref, model = models
+    opts = [torch.optim.AdamW(optim.param_groups(m, 0.05), lr=1e-3, betas=(0.9, 0.95), fused=True) for m in models]
+    ref_opt, opt = opts
+    gen = torch.Generator().manual_seed(6)
+    geo = data.Geometry(model, fixed_groups=True)
+    geo.capacity = geo.capacity_for(2, False, 0.75, seed=1, samples=16)
+    step = graphs.GraphedStep(model, lambda x, p: model(x, p)[0], opt, None, torch.device("cpu"), geo.capacity,
+                              warmup=1, graph_api=_StandIn())
+    flags = []
+    for k in range(4):
+        plan = geo.plan(ref.random_masks(None, generator=gen))
+        img = torch.randn(2, 3, 224, 224, dtype=torch.float64, generator=gen)
+        if k == 2:
+            img[0, 0, 0, 0] = float("nan")
+            before = [p.detach().clone() for p in model.parameters()]
+            replays = step.replays
+            assert not torch.isfinite(step.step(img, plan))
+            assert step.replays == replays + 1                       # it ran in the graph
+            assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+        else:
+            torch.testing.assert_close(step.step(img, plan), _eager_step(ref, ref_opt, img, plan), rtol=1e-10, atol=0)
+        flags.append(float(step.found))
+    assert flags == [0.0, 0.0, 1.0, 0.0] and step.replays + step.overflows == 4
+    assert {int(s["step"]) for s in opt.state.values()} == {3}
+    for p, q in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-9, atol=1e-12)
 
 
 def _batches(model, rank_count, steps, B):

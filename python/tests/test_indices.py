@@ -54,7 +54,7 @@ def test_plan_masks_swin_b(per_sample):
 def test_merge_indices_follow_swin_order():
     for batch in (None, 3):
         m = random_stage_mask(28, 4, batch)
-        merge = greenmim.merge_indices(m)
+        merge = greenmim.testing.merge_indices(m)
         m3 = m if batch else m.unsqueeze(0)
         pos = torch.nonzero(m3)
         nxt = torch.nonzero(m3[:, ::2, ::2])
@@ -68,23 +68,23 @@ def test_merge_indices_follow_swin_order():
 def test_cache_hits_and_distinguishes():
     greenmim.clear_cache()
     m = random_stage_mask(28, 4)
-    a = greenmim.stage_partition(m, 7, 3, 128)
-    assert greenmim.stage_partition(m.clone(), 7, 3, 128) is a
-    assert greenmim.stage_partition(m, 7, 0, 128) is not a
+    a = greenmim.testing.stage_partition(m, 7, 3, 128)
+    assert greenmim.testing.stage_partition(m.clone(), 7, 3, 128) is a
+    assert greenmim.testing.stage_partition(m, 7, 0, 128) is not a
     m2 = m.clone()
     m2[0:4, 0:4] = ~m2[0:4, 0:4]
-    assert greenmim.stage_partition(m2, 7, 3, 128) is not a
+    assert greenmim.testing.stage_partition(m2, 7, 3, 128) is not a
 
 
 def test_fixed_group_size_and_strategies():
     m = random_stage_mask(56, 8)
-    base = greenmim.stage_partition(m, 7, 0, 128, cache=False)
+    base = greenmim.testing.stage_partition(m, 7, 0, 128, cache=False)
     for strat in ("paper", "per-window", "single"):
-        p = greenmim.stage_partition(m, 7, 0, 128, strategy=strat, cache=False)
+        p = greenmim.testing.stage_partition(m, 7, 0, 128, strategy=strat, cache=False)
         _check_partition(p, m)
         if strat == "paper":
             assert base.cost <= p.cost + 1e-6          # ours is never costlier than Algorithm 1
-    fixed = greenmim.stage_partition(m, 7, 0, 128, group_size=64, cache=False)
+    fixed = greenmim.testing.stage_partition(m, 7, 0, 128, group_size=64, cache=False)
     assert fixed.group_size == 64
     _check_partition(fixed, m)
 
@@ -100,11 +100,11 @@ def test_errors():
     with pytest.raises(GreenmimError, match="partly visible"):
         greenmim.plan_masks(pixels)
     with pytest.raises(GreenmimError, match="unknown strategy"):
-        greenmim.stage_partition(random_stage_mask(14, 7), 7, 0, 64, strategy="best")
+        greenmim.testing.stage_partition(random_stage_mask(14, 7), 7, 0, 64, strategy="best")
     with pytest.raises(GreenmimError, match="group_size"):
-        greenmim.stage_partition(torch.ones(14, 14, dtype=torch.bool), 7, 0, 64, group_size=10, cache=False)
+        greenmim.testing.stage_partition(torch.ones(14, 14, dtype=torch.bool), 7, 0, 64, group_size=10, cache=False)
     with pytest.raises(GreenmimError, match="shift"):
-        greenmim.stage_partition(random_stage_mask(14, 7), 7, 7, 64)
+        greenmim.testing.stage_partition(random_stage_mask(14, 7), 7, 7, 64)
 
 
 def test_random_masks():
@@ -115,12 +115,12 @@ def test_random_masks():
 
 
 def test_window_geometry_small_stage_rule_and_refusal():
-    assert greenmim.window_geometry(56, 56, 7, 3) == (7, 3, 81)     # shifted: 9 x 9 windows
-    assert greenmim.window_geometry(56, 56, 7, 0) == (7, 0, 64)
-    assert greenmim.window_geometry(7, 7, 7, 3) == (7, 0, 1)         # grid <= window: one, no shift
-    assert greenmim.window_geometry(6, 6, 12, 6) == (6, 0, 1)
+    assert greenmim.testing.window_geometry(56, 56, 7, 3) == (7, 3, 81)     # shifted: 9 x 9 windows
+    assert greenmim.testing.window_geometry(56, 56, 7, 0) == (7, 0, 64)
+    assert greenmim.testing.window_geometry(7, 7, 7, 3) == (7, 0, 1)         # grid <= window: one, no shift
+    assert greenmim.testing.window_geometry(6, 6, 12, 6) == (6, 0, 1)
     with pytest.raises(GreenmimError, match="window geometry"):
-        greenmim.window_geometry(0, 5, 7, 0)
+        greenmim.testing.window_geometry(0, 5, 7, 0)
 
 
 def _three_full_windows_and_a_few(grid, window, few):
@@ -139,9 +139,9 @@ def test_max_group_size_keeps_window16_on_the_tensor_core_limit(emulated):
     m = _three_full_windows_and_a_few(32, 16, 10)
     ctx = greenmim.emulate_cuda() if emulated else torch.no_grad()
     with ctx:
-        free = greenmim.stage_partition(m, 16, 0, 256, max_group_size=0, cache=False)
-        auto = greenmim.stage_partition(m, 16, 0, 256, cache=False)          # default: capped at 256
-        explicit = greenmim.stage_partition(m, 16, 0, 256, max_group_size=256, cache=False)
+        free = greenmim.testing.stage_partition(m, 16, 0, 256, max_group_size=0, cache=False)
+        auto = greenmim.testing.stage_partition(m, 16, 0, 256, cache=False)          # default: capped at 256
+        explicit = greenmim.testing.stage_partition(m, 16, 0, 256, max_group_size=256, cache=False)
     assert (free.group_size, free.num_groups) == (266, 3)
     assert (auto.group_size, auto.num_groups) == (256, 4)
     assert torch.equal(auto.gather, explicit.gather)
@@ -151,8 +151,8 @@ def test_max_group_size_keeps_window16_on_the_tensor_core_limit(emulated):
     # windows of 7 at C = 256: one group of all 161 tokens free (also the default: 161 <= 256);
     # under a cap of 64, the few tokens ride with a full window (G = 63, three groups)
     m7 = _three_full_windows_and_a_few(14, 7, 14)
-    assert greenmim.stage_partition(m7, 7, 0, 256, cache=False).group_size == 161
-    capped = greenmim.stage_partition(m7, 7, 0, 256, max_group_size=64, cache=False)
+    assert greenmim.testing.stage_partition(m7, 7, 0, 256, cache=False).group_size == 161
+    capped = greenmim.testing.stage_partition(m7, 7, 0, 256, max_group_size=64, cache=False)
     assert (capped.group_size, capped.num_groups) == (63, 3)
     _check_partition(capped, m7)
 
@@ -160,25 +160,25 @@ def test_max_group_size_keeps_window16_on_the_tensor_core_limit(emulated):
 def test_max_group_size_default_by_window_and_refusals():
     # windows above 16 (p*p > 256) are not capped by default: they need G > 256 anyway
     m = torch.ones(34, 34, dtype=torch.bool)
-    assert greenmim.stage_partition(m, 17, 0, 64, cache=False).group_size >= 289
+    assert greenmim.testing.stage_partition(m, 17, 0, 64, cache=False).group_size >= 289
     # a fixed group size is left alone by the default cap
-    assert greenmim.stage_partition(torch.ones(14, 14, dtype=torch.bool), 7, 0, 64, group_size=300,
+    assert greenmim.testing.stage_partition(torch.ones(14, 14, dtype=torch.bool), 7, 0, 64, group_size=300,
                                     cache=False).group_size == 196
     # the cached plan of one cap is not served for another
     m16 = _three_full_windows_and_a_few(32, 16, 10)
-    assert greenmim.stage_partition(m16, 16, 0, 256).group_size == 256
-    assert greenmim.stage_partition(m16, 16, 0, 256, max_group_size=0).group_size == 266
+    assert greenmim.testing.stage_partition(m16, 16, 0, 256).group_size == 256
+    assert greenmim.testing.stage_partition(m16, 16, 0, 256, max_group_size=0).group_size == 266
     full = torch.ones(14, 14, dtype=torch.bool)
     with pytest.raises(GreenmimError, match="max_group_size 40"):
-        greenmim.stage_partition(full, 7, 0, 64, max_group_size=40, cache=False)   # a window of 49 > 40
+        greenmim.testing.stage_partition(full, 7, 0, 64, max_group_size=40, cache=False)   # a window of 49 > 40
     with pytest.raises(GreenmimError, match="max_group_size must be >= 0"):
-        greenmim.stage_partition(full, 7, 0, 64, max_group_size=-3, cache=False)
+        greenmim.testing.stage_partition(full, 7, 0, 64, max_group_size=-3, cache=False)
     with pytest.raises(GreenmimError, match="fast and paper"):
-        greenmim.stage_partition(full, 7, 0, 64, strategy="single", max_group_size=256, cache=False)
+        greenmim.testing.stage_partition(full, 7, 0, 64, strategy="single", max_group_size=256, cache=False)
     with pytest.raises(GreenmimError, match="group_size 100 > max_group_size 64"):
-        greenmim.stage_partition(full, 7, 0, 64, group_size=100, max_group_size=64, cache=False)
+        greenmim.testing.stage_partition(full, 7, 0, 64, group_size=100, max_group_size=64, cache=False)
     with greenmim.emulate_cuda(), pytest.raises(GreenmimError, match="max_group_size 40"):
-        greenmim.stage_partition(full, 7, 0, 64, max_group_size=40, cache=False)
+        greenmim.testing.stage_partition(full, 7, 0, 64, max_group_size=40, cache=False)
 
 
 @pytest.mark.parametrize("per_sample", [False, True])
@@ -192,14 +192,14 @@ def test_plan_masks_equals_stage_partition(per_sample, geometry):
     for s, st in enumerate(plan.stages):
         m = st.visible if per_sample else st.visible[0]
         for k, part in enumerate(st.partitions):
-            want = greenmim.stage_partition(m, window, k * (window // 2), 32 << s, cache=False)
+            want = greenmim.testing.stage_partition(m, window, k * (window // 2), 32 << s, cache=False)
             for name in ("gather", "scatter", "slot_window", "slot_coord", "token_window"):
                 assert torch.equal(getattr(part, name), getattr(want, name)), (s, k, name)
             assert (part.group_size, part.num_groups, part.window, part.shift) == \
                 (want.group_size, want.num_groups, want.window, want.shift)
             assert part.cost == pytest.approx(want.cost)
         if s + 1 < len(plan.stages):
-            assert torch.equal(st.merge.long(), greenmim.merge_indices(m))
+            assert torch.equal(st.merge.long(), greenmim.testing.merge_indices(m))
         covered += st.position.numel()
     assert plan.patch_index.numel() == plan.stages[0].num_tokens
     assert plan.stages[-1].unit_rank.shape == (3 if per_sample else 1, units * units)

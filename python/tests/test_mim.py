@@ -224,7 +224,7 @@ def test_every_unit_visible_is_refused_and_models_are_named():
         greenmim.create_model("green_mim_swin_base_patch4_dec5121b1")
     with pytest.raises(GreenmimError, match="decoder_order"):
         greenmim.create_model(NANO, decoder_order="random")
-    other = greenmim.green_mim_swin_base_patch4_window6_192_dec512b1
+    other = greenmim.mim.green_mim_swin_base_patch4_window6_192_dec512b1
     with torch.device("meta"):
         m = other()
     with pytest.raises(GreenmimError, match="another model"):
@@ -233,9 +233,9 @@ def test_every_unit_visible_is_refused_and_models_are_named():
 
 def test_constructors_follow_the_released_names_and_shapes():
     with torch.device("meta"):
-        base = greenmim.green_mim_swin_base_patch4_dec512b1()
-        large14 = greenmim.green_mim_swin_large_patch4_win14_dec512b1()
-        v2 = greenmim.green_mim_swinv2_base_window8_256_dec512b1()
+        base = greenmim.mim.green_mim_swin_base_patch4_dec512b1()
+        large14 = greenmim.mim.green_mim_swin_large_patch4_win14_dec512b1()
+        v2 = greenmim.mim.green_mim_swinv2_base_window8_256_dec512b1()
     assert base.decoder_pred.out_features == 32 * 32 * 3 and base.decoder_pos_embed.shape == (1, 49, 512)
     assert base.decoder_embed.in_features == 1024 and len(base.decoder_blocks) == 1
     assert base.decoder_blocks[0].attn.num_heads == 16
@@ -272,7 +272,7 @@ def test_2022_merge_layout_converts_to_swin_order():
         H = 56 >> (stage - 1)
         x = torch.randn(2, H, H, C, dtype=torch.float64)
         want = row_first_merge(x, old)
-        merge = greenmim.merge_indices(torch.ones(H, H, dtype=torch.bool))
+        merge = greenmim.testing.merge_indices(torch.ones(H, H, dtype=torch.bool))
         got = model.encoder.layers[stage].downsample(x.reshape(2, H * H, C), merge)
         torch.testing.assert_close(got, want.reshape(2, -1, 2 * C), rtol=1e-10, atol=1e-10)
         assert not torch.allclose(old["norm.weight"], model.encoder.layers[stage].downsample.norm.weight)
@@ -397,7 +397,7 @@ def test_activation_recompute_switches_off_and_on_for_a_whole_model():
     """greenmim.set_activation_recompute(model, False) keeps every activation (the plain path, more
     bytes saved); the loss and gradients do not change; on is the default."""
     torch.manual_seed(0)
-    model = greenmim.green_mim_swin_nano_patch4_dec128b1()
+    model = greenmim.mim.green_mim_swin_nano_patch4_dec128b1()
     assert all(m.recompute for m in model.modules() if hasattr(m, "recompute"))
     img = torch.randn(2, 3, 224, 224)
     plan = model.plan(greenmim.random_masks(2, generator=torch.Generator().manual_seed(1)))

@@ -11,7 +11,7 @@ from conftest import oracle_attention, random_stage_mask
 def _case(grid=14, unit=2, window=7, shift=3, batch=None, heads=2, head_dim=4, B=2, dtype=torch.float64,
           strategy="fast"):
     m = random_stage_mask(grid, unit, batch)
-    part = greenmim.stage_partition(m, window, shift, channels=heads * head_dim, strategy=strategy, cache=False)
+    part = greenmim.testing.stage_partition(m, window, shift, channels=heads * head_dim, strategy=strategy, cache=False)
     N = part.num_tokens
     Bx = 1 if batch is not None else B
     q, k, v = (torch.randn(Bx, N, heads, head_dim, dtype=dtype) for _ in range(3))
@@ -45,7 +45,7 @@ def test_backward_equals_oracle_autograd():
 def test_released_path_agrees():
     part, q, k, v, bias = _case(grid=28, unit=4)
     torch.testing.assert_close(greenmim.group_window_attention(q, k, v, bias, part),
-                               greenmim.released_group_attention(q, k, v, bias, part), rtol=1e-10, atol=1e-12)
+                               greenmim.released.released_group_attention(q, k, v, bias, part), rtol=1e-10, atol=1e-12)
 
 
 # "auto" is torch's batched kernels on CPU (autograd's backward); "reference" the custom op with
@@ -67,9 +67,9 @@ def test_gradcheck_packed_and_partition(algo):
     assert torch.autograd.gradcheck(lambda a, b: greenmim.group_window_attention_packed(a, b, part, algo=algo),
                                     (qkv, bias))
     x = torch.randn(2, N, 3, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a: greenmim.partition_tokens(a, part), (x,))
+    assert torch.autograd.gradcheck(lambda a: greenmim.ops.partition_tokens(a, part), (x,))
     y = torch.randn(2, part.num_groups * part.group_size, 3, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a: greenmim.unpartition_tokens(a, part), (y,))
+    assert torch.autograd.gradcheck(lambda a: greenmim.ops.unpartition_tokens(a, part), (y,))
 
 
 def test_packed_views_read_in_place_and_match():
@@ -94,14 +94,14 @@ def test_partition_round_trip_and_adjoint():
     for batch in (None, 4):
         part, *_ = _case(batch=batch, grid=28, unit=4)
         x = torch.randn(1 if batch else 3, part.num_tokens, 5, dtype=torch.float64)
-        y = greenmim.partition_tokens(x, part)
+        y = greenmim.ops.partition_tokens(x, part)
         assert y.shape == (x.shape[0], part.num_groups * part.group_size, 5)
-        assert torch.equal(greenmim.unpartition_tokens(y, part), x)
+        assert torch.equal(greenmim.ops.unpartition_tokens(y, part), x)
         pad = part.gather < 0
         assert torch.all(y[:, pad] == 0)
         z = torch.randn_like(y)
         lhs = (y * z).sum()
-        rhs = (x * greenmim.unpartition_tokens(z, part)).sum()
+        rhs = (x * greenmim.ops.unpartition_tokens(z, part)).sum()
         torch.testing.assert_close(lhs, rhs, rtol=1e-12, atol=1e-12)
 
 
@@ -120,6 +120,37 @@ def test_nan_does_not_cross_windows(algo):
     o = greenmim.group_window_attention_packed(qkv, bias, part, algo=algo)
     assert torch.isnan(o[:, tw == victim]).all()
     assert torch.isfinite(o[:, tw != victim]).all()
+
+
+@pytest.mark.parametrize("batch", [None, 3])
+def test_nan_does_not_cross_windows_in_the_backward(batch):
+    """A NaN in one window's output gradient, or in its q, k or v at the next attention (whose
+    NaN output then flows back), stays in that window's dq, dk, dv, as on the reference: neither
+    another window of its group nor, per sample, another sample gets a NaN."""
+    part, q, k, v, bias = _case(grid=14, unit=2, shift=3, batch=batch)
+    tw = part.token_window
+    inside = tw == int(tw[part.gather[0]])          # the window of group 0's first slot
+    for packed in (False, True):
+        for algo in ("auto", "reference"):
+            qkv = torch.stack([q, k, v], 2).requires_grad_()
+            b = bias.clone().requires_grad_()
+            if packed:
+                o = greenmim.group_window_attention_packed(qkv, b, part, algo=algo)
+            else:
+                o = greenmim.group_window_attention(*qkv.unbind(2), b, part, algo=algo)
+            g = torch.randn_like(o)
+            g[:, inside] = float("nan")
+            (dqkv,) = torch.autograd.grad(o, qkv, g)
+            assert torch.isnan(dqkv[:, inside]).any(), (packed, algo)
+            assert torch.isfinite(dqkv[:, ~inside]).all(), (packed, algo)
+    for which in range(3):                          # the NaN born in the next attention's q, k or v
+        qkv = torch.stack([q, k, v], 2).requires_grad_()
+        h = greenmim.group_window_attention_packed(qkv, bias, part)
+        nxt = torch.stack([h, h, h], 2).clone()
+        nxt[:, inside, which] = float("nan")
+        o = greenmim.group_window_attention_packed(nxt, bias, part)
+        (dqkv,) = torch.autograd.grad(o[:, ~inside].sum(), qkv)
+        assert torch.isfinite(dqkv[:, ~inside]).all(), which
 
 
 @pytest.mark.parametrize("algo", ["auto", "reference"])
@@ -175,9 +206,9 @@ def test_bad_input_raises_clear_errors():
     _raises("float32 and float64", lambda: greenmim.group_window_attention(q.half(), k.half(), v.half(), bias, part))
     _raises("bias table has", lambda: greenmim.group_window_attention(q, k, v, bias[:-1], part))
     _raises(r"\[B, N, heads, head_dim\]", lambda: greenmim.group_window_attention(q[0], k[0], v[0], bias, part))
-    _raises("rows", lambda: greenmim.partition_tokens(torch.randn(1, part.num_tokens + 1, 2), part))
+    _raises("rows", lambda: greenmim.ops.partition_tokens(torch.randn(1, part.num_tokens + 1, 2), part))
     # A corrupted partition is refused by the library's own checks, with its reason.
-    bad = greenmim.StagePartition(**{**part.__dict__, "gather": part.gather.clone()})
+    bad = greenmim.mask_plan.StagePartition(**{**part.__dict__, "gather": part.gather.clone()})
     bad.gather[0] = part.num_tokens + 5
     with pytest.raises(GreenmimError, match="attention forward: .*out of range|covers"):
         greenmim.group_window_attention(q, k, v, bias, bad)
@@ -202,7 +233,7 @@ def _device_pairings():
 def test_a_plan_on_another_device_is_refused_by_every_op(plan_dev, data_dev):
     """A plan on "meta" with CPU tensors used to return uninitialised memory (the ops' fakes ran)."""
     part, q, k, v, bias = _case()
-    p = greenmim.StagePartition(**{f.name: getattr(part, f.name) for f in part.__dataclass_fields__.values()})
+    p = greenmim.mask_plan.StagePartition(**{f.name: getattr(part, f.name) for f in part.__dataclass_fields__.values()})
     for name in ("gather", "scatter", "slot_window", "slot_coord"):
         setattr(p, name, getattr(part, name).to(plan_dev))
     q, k, v, bias = (t.to(data_dev) for t in (q, k, v, bias))
@@ -213,8 +244,8 @@ def test_a_plan_on_another_device_is_refused_by_every_op(plan_dev, data_dev):
         "attention auto": lambda: greenmim.group_window_attention(q, k, v, bias, p),
         "attention reference": lambda: greenmim.group_window_attention(q, k, v, bias, p, algo="reference"),
         "packed": lambda: greenmim.group_window_attention_packed(qkv, bias, p),
-        "partition": lambda: greenmim.partition_tokens(x, p),
-        "unpartition": lambda: greenmim.unpartition_tokens(x.new_zeros(2, p.gather.numel(), x.shape[-1]), p),
+        "partition": lambda: greenmim.ops.partition_tokens(x, p),
+        "unpartition": lambda: greenmim.ops.unpartition_tokens(x.new_zeros(2, p.gather.numel(), x.shape[-1]), p),
         "raw op": lambda: torch.ops.greenmim.attention_fwd(q, k, v, bias, index, p.group_size, p.window, 0.5, "auto"),
         "raw partition op": lambda: torch.ops.greenmim.partition(x, index, p.group_size),
     }
@@ -227,10 +258,10 @@ def test_a_plan_on_another_device_is_refused_by_every_op(plan_dev, data_dev):
 
 @pytest.mark.parametrize("emulated", [False, True])
 def test_eager_fast_path_is_taken_and_equals_the_custom_op(emulated):
-    """In plain eager mode the ops skip the dispatcher (greenmim._eager); outputs and gradients
+    """In plain eager mode the ops skip the dispatcher (greenmim._dispatch); outputs and gradients
     are bitwise the custom ops'. Under a dispatch mode (FlopCounterMode) the custom ops run."""
     from torch.utils.flop_counter import FlopCounterMode
-    from greenmim import _eager, flops as gm_flops
+    from greenmim import _dispatch as _eager, flops as gm_flops
     dt = torch.float32 if emulated else torch.float64
     part, q, k, v, bias = _case(batch=2, dtype=dt, heads=1, head_dim=32 if emulated else 4)   # kernels: 32 or 64
     qkv = torch.stack([q, k, v], 2)
@@ -243,7 +274,7 @@ def test_eager_fast_path_is_taken_and_equals_the_custom_op(emulated):
         with (_eager.disabled() if disable else torch.enable_grad()):
             outs = (greenmim.group_window_attention(qq, kk, vv, bb, part, algo="reference"),
                     greenmim.group_window_attention_packed(pk, bb, part, algo="reference"),
-                    greenmim.unpartition_tokens(greenmim.partition_tokens(xx, part), part))
+                    greenmim.ops.unpartition_tokens(greenmim.ops.partition_tokens(xx, part), part))
             loss = sum((o * torch.randn(o.shape, generator=torch.Generator().manual_seed(i), dtype=dt)).sum()
                        for i, o in enumerate(outs))
             grads = torch.autograd.grad(loss, leaves)
@@ -266,10 +297,10 @@ def test_eager_dispatch_switch_sends_every_call_through_the_dispatcher():
     import os
     import subprocess
     import sys
-    code = ("import torch, greenmim; from greenmim import _eager; x = torch.randn(1, 4, 2); "
+    code = ("import torch, greenmim; from greenmim import _dispatch as _eager; x = torch.randn(1, 4, 2); "
             "m = torch.zeros(8, 8, dtype=torch.bool); m[:4, :4] = True; "
-            "p = greenmim.stage_partition(m, 4, 0, channels=2, cache=False); "
-            "greenmim.partition_tokens(torch.randn(1, p.num_tokens, 2), p); print(_eager.fast_calls())")
+            "p = greenmim.testing.stage_partition(m, 4, 0, channels=2, cache=False); "
+            "greenmim.ops.partition_tokens(torch.randn(1, p.num_tokens, 2), p); print(_eager.fast_calls())")
     for value, want in (("1", "0"), ("0", "1")):
         env = dict(os.environ, GREENMIM_EAGER_DISPATCH=value)
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -280,13 +311,77 @@ def test_eager_dispatch_switch_sends_every_call_through_the_dispatcher():
 def test_eager_fast_path_steps_aside_under_jit_trace():
     """torch.jit.trace must record the custom op, not run its implementation inline."""
     import warnings
-    from greenmim import _eager
+    from greenmim import _dispatch as _eager
     part, q, k, v, bias = _case(dtype=torch.float32)
     x = torch.randn(q.shape[0], q.shape[1], 8)
     before = _eager.fast_calls()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traced = torch.jit.trace(lambda t: greenmim.partition_tokens(t, part), (x,), check_trace=False)
+        traced = torch.jit.trace(lambda t: greenmim.ops.partition_tokens(t, part), (x,), check_trace=False)
     assert _eager.fast_calls() == before
     assert "greenmim::partition" in str(traced.graph)
-    assert torch.equal(traced(x), greenmim.partition_tokens(x, part))
+    assert torch.equal(traced(x), greenmim.ops.partition_tokens(x, part))
+
+
+def test_argument_structs_written_in_one_call_equal_field_by_field():
+    """_lib.Packer (the ops' argument structs in one struct.pack_into) writes the bytes that
+    setting each ctypes field does, for every kernel struct, with views of rank 1-4, strided,
+    empty and absent (None) tensors."""
+    import ctypes
+    from greenmim import _lib
+    t4 = torch.randn(2, 5, 3, 8)[:, 1:, ::2]                    # strided, rank 4
+    views = [t4, torch.randn(7, 3).t(), torch.randn(6), torch.empty(0, 4), None, torch.randn(2, 3, 4)]
+    part = _case()[0]
+    for cls in (_lib.FwdArgs, _lib.BwdArgs, _lib.PartitionArgs, _lib.DepthwiseConvArgs, _lib.BlockConvArgs):
+        tensor_names = [n for n, t in cls._fields_ if t is _lib.Tensor]
+        picks = [views[(i * 5 + len(cls.__name__)) % len(views)] for i in range(len(tensor_names))]
+        want = cls()
+        values = []
+        for name, typ in cls._fields_:
+            if typ is _lib.Tensor:
+                t = picks[tensor_names.index(name)]
+                setattr(want, name, _lib.tensor(t))
+                values += _lib.tensor_fields(t)
+            elif typ is _lib.Partition:
+                want.part = _lib.partition(part, slot_coord=cls is not _lib.PartitionArgs)
+                values += _lib.partition_fields(part, slot_coord=cls is not _lib.PartitionArgs)
+            else:
+                v = 0.125 if name == "scale" else (0x7fff0000 + len(values) if typ is ctypes.c_void_p else len(values))
+                setattr(want, name, v)
+                values.append(v)
+        assert bytes(_lib.Packer(cls).new(*values)) == bytes(want), cls.__name__
+    with pytest.raises(GreenmimError, match="rank <= 4"):
+        _lib.tensor_fields(torch.randn(1, 1, 1, 1, 1))
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_index_checks_remembered_only_while_the_index_is_unchanged(emulated):
+    """Index tensors that passed the ops' checks are not checked again (_attention_abi.known_index),
+    until one is modified in place (its version moves) or replaced: then the same inputs are
+    refused with the same messages as on a first call."""
+    from greenmim import _attention_abi as _backend
+    dt = torch.float32 if emulated else torch.float64
+    with (greenmim.emulate_cuda() if emulated else torch.enable_grad()):
+        part, q, k, v, bias = _case(dtype=dt, heads=1, head_dim=32 if emulated else 4)
+        x = torch.randn(q.shape[0], q.shape[1], 8, dtype=dt)
+        ref = greenmim.ops.partition_tokens(x, part)
+        greenmim.group_window_attention(q, k, v, bias, part, algo="reference")
+        assert _backend.known_index(_backend.Index.tensors(part), part.group_size) is not None
+        assert torch.equal(greenmim.ops.partition_tokens(x, part), ref)
+        n = part.slot_coord.numel()
+        part.slot_coord.resize_(n - 1)                          # in place: the version moves
+        assert _backend.known_index(_backend.Index.tensors(part), part.group_size) is None
+        with pytest.raises(GreenmimError, match="same length"):
+            greenmim.group_window_attention(q, k, v, bias, part, algo="reference")
+        part.slot_coord.resize_(n)
+        part.gather = part.gather.long()                       # replaced: another object
+        for call in (lambda: greenmim.group_window_attention(q, k, v, bias, part, algo="reference"),
+                     lambda: greenmim.ops.partition_tokens(x, part)):
+            with pytest.raises(GreenmimError, match="gather must be a 1-D int32 tensor"):
+                call()
+        with torch.inference_mode():            # inference tensors have no version: checked every call
+            part = _case(dtype=dt, heads=1, head_dim=32 if emulated else 4)[0]
+            x = torch.randn(2, part.num_tokens, 8, dtype=dt)
+            y = greenmim.ops.partition_tokens(x, part)
+            assert _backend.known_index(_backend.Index.tensors(part), part.group_size) is None
+            assert torch.equal(greenmim.ops.unpartition_tokens(y, part), x)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import greenmim
-from greenmim import GreenmimError, indices
+from greenmim import GreenmimError, mask_plan as indices
 
 NANO = "green_mim_swin_nano_patch4_dec128b1"
 
@@ -198,10 +198,10 @@ def test_shape_keys_ignore_timings_costs_and_budget_flags():
     gen = torch.Generator().manual_seed(12)
     model = _model(torch.float32)
     p, = _plans(model, None, 1, gen)
-    per_sample, num_masks, grid, _, stages = p.layout
-    flipped = tuple((*st[:3], tuple((*q[:5], not q[5], q[6] + 1.0, q[7] * 2, q[8] + 3.0, q[9]) for q in st[3]), *st[4:])
-                    for st in stages)
-    other = greenmim.MaskPlan(p.arena.clone(), (per_sample, num_masks, grid, 123.0, flipped))
+    flipped = tuple(st._replace(partitions=tuple(q._replace(budget_exhausted=not q.budget_exhausted, cost=q.cost + 1.0,
+                                                            lower_bound=q.lower_bound * 2, plan_us=q.plan_us + 3.0)
+                                                 for q in st.partitions)) for st in p.layout.stages)
+    other = greenmim.MaskPlan(p.arena.clone(), p.layout._replace(build_us=123.0, stages=flipped))
     assert other.shape_key() == p.shape_key()
     bigger = _grown(p, p.group_counts(), 1)
     assert p.padded(bigger).shape_key() != p.shape_key()

@@ -46,7 +46,7 @@ def _attention_hooks(model, log):
         norm = kwargs.get("norm")       # blocks hand the residual and norm1 (applied fused in training)
         log.append((mod, (norm(x) if norm is not None else x).detach(), part, out.detach()))
     return [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules()
-            if isinstance(m, greenmim.GroupWindowAttention)]
+            if isinstance(m, greenmim.swin.GroupWindowAttention)]
 
 
 @pytest.mark.parametrize("per_sample", [False, True])
@@ -103,7 +103,7 @@ def test_timm_checkpoint_loads_parameter_for_parameter(name):
     full = name == "swin_base_patch4_window7_224"      # Swin-L: names and shapes only (meta tensors)
     with torch.device("cpu" if full else "meta"):
         ref = timm.create_model(name, pretrained=False, num_classes=1000)
-        ours = getattr(greenmim, name)(num_classes=1000)
+        ours = greenmim.create_model(name, num_classes=1000)
     sd = ref.state_dict()
     assert {k: tuple(v.shape) for k, v in sd.items()} == {k: tuple(v.shape) for k, v in ours.state_dict().items()}
     ours.load_state_dict(sd, strict=True, assign=not full)

@@ -47,7 +47,7 @@ def test_every_v2_attention_equals_window_oracle(img_size, window, per_sample):
     plan = ours.plan(vis)
     log = []
     hooks = [m.register_forward_hook(lambda mod, a, out: log.append((mod, a[0], a[1], out)))
-             for m in ours.modules() if isinstance(m, greenmim.GroupWindowAttentionV2)]
+             for m in ours.modules() if isinstance(m, greenmim.swinv2.GroupWindowAttentionV2)]
     with torch.no_grad():
         ours(torch.randn(2, 3, img_size, img_size, dtype=torch.float64), plan)
     for h in hooks:
@@ -65,11 +65,11 @@ def test_every_v2_attention_equals_window_oracle(img_size, window, per_sample):
 
 
 def test_gradcheck_through_position_bias_mlp():
-    attn = greenmim.GroupWindowAttentionV2(4, 2, window_size=4).double()
+    attn = greenmim.swinv2.GroupWindowAttentionV2(4, 2, window_size=4).double()
     for m in attn.cpb_mlp:
         if isinstance(m, torch.nn.Linear):
             torch.nn.init.normal_(m.weight, std=0.3)
-    part = greenmim.stage_partition(torch.ones(6, 6, dtype=torch.bool), 4, 2, 4, cache=False)
+    part = greenmim.testing.stage_partition(torch.ones(6, 6, dtype=torch.bool), 4, 2, 4, cache=False)
     x = torch.randn(1, part.num_tokens, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: attn(x, part), (x,), atol=1e-6)
     attn(x, part).square().sum().backward()
@@ -91,7 +91,7 @@ def test_gradcheck_through_position_bias_mlp():
 def test_timm_v2_state_dicts_load(name):
     with torch.device("meta"):                         # names and shapes: no real weights needed
         ref = timm.create_model(name, pretrained=False, num_classes=0)
-        ours = getattr(greenmim, name)()
+        ours = greenmim.create_model(name)
     assert {k: tuple(v.shape) for k, v in ref.state_dict().items()} == \
         {k: tuple(v.shape) for k, v in ours.state_dict().items()}
     ours.load_state_dict(ref.state_dict(), strict=True, assign=True)

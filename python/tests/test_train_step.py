@@ -17,8 +17,9 @@ def test_train_step_toy_runs_all_rows():
                          capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout
-    for row in ("simmim", "greenmim", "per-sample", "released"):
+    for row in ("simmim", "greenmim", "per-sample", "released", "mae", "hiera"):
         assert f"| {row} |" in text
+    assert "| images/s | peak GiB | GFLOP/step | MFU |" in text and "MFU blank: no dense bf16 peak known for CPU" in text
     assert "per-sample / shared step time" in text and "released / greenmim step time" in text
     lines = [l for l in text.splitlines() if l.startswith("| ") and l[2].isdigit()]
     assert len(lines) == 8                       # 4 stages x 2 shifts of the breakdown
@@ -60,14 +61,26 @@ def test_train_step_toy_twins_rows(tmp_path):
     --trace: a Chrome trace per row and the profiler's tables."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, str(ROOT / "bench/gpu/train_step.py"), "--toy", "--full", "--model",
-                          "twins_svt_large", "--trace", str(tmp_path)], capture_output=True, text=True, env=env,
-                         timeout=900)
+                          "twins_svt_large", "--trace", str(tmp_path), "--json"], capture_output=True, text=True,
+                         env=env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "train step (whole models): toy-twins, batch 2, 224 px" in out.stdout
-    for row in ("simmim", "greenmim", "per-sample", "released"):
+    rows = ("simmim", "greenmim", "per-sample", "released", "mae", "hiera")
+    for row in rows:
         assert f"| {row} |" in out.stdout
         assert (tmp_path / f"trace_toy-twins_{row}.json").stat().st_size > 0
-    assert out.stdout.count("under torch.profiler") == 4
+    assert out.stdout.count("under torch.profiler") == 6
+    # the time-by-category table of each row: greenmim's ops hold host time in greenmim's models only
+    # (Twins' PEG is greenmim's depthwise conv op on the CPU too, in the released path's model as
+    # well), and the peers' rows have none; GEMMs and the optimizer everywhere
+    import json
+    res = {r["row"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])["rows"]}
+    assert set(res) == set(rows)
+    for row, r in res.items():
+        host = r["trace"]["host"]
+        assert (host["greenmim ops"] > 0) == (row in ("greenmim", "per-sample", "released")), (row, host)
+        assert host["GEMM"] > 0 and host["optimizer"] > 0 and r["trace"]["gpu"] == {}
+        assert r["gflop"] > 0 and r["mfu"] is None and r["images_per_s"] > 0
 
 
 def test_simmim_twins_without_masking_is_timms_twins():
@@ -135,3 +148,106 @@ def test_loader_bench_times_the_pipeline_and_refuses_bad_arguments(capsys):
     assert "loader, 1 workers: 2 micro-batches" in out
     with pytest.raises(SystemExit):
         mod.main(["--batch", "0"])
+
+
+def _bench_module(name, path):
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_flop_count_knows_greenmims_ops():
+    """The MFU's FLOPs: a GreenMIM step's count with greenmim's attention as the custom ops (the
+    CUDA path, here on the emulator with its kernels stubbed out: counting needs shapes only)
+    equals the count of the CPU path, where the same attention runs in torch's batched matmuls."""
+    import argparse
+    import greenmim
+    import torch
+    ts = _bench_module("train_step", "bench/gpu/train_step.py")
+    oo = _bench_module("op_overhead", "bench/op_overhead.py")
+    args = argparse.Namespace(twins=False, v2=False, img=224, window=7, full=True)
+    torch.manual_seed(0)
+    model = ts.make_row("greenmim", ts.MODELS["toy"][0], args, torch.device("cpu"))
+    plan = model.plan(ts.unit_masks(2, False, 0.75, torch.Generator().manual_seed(0), 7), cache=False)
+    img = torch.randn(2, 3, 224, 224)
+    amp = torch.autocast("cpu", enabled=False)
+    cpu = ts.step_flops(lambda: model(img, plan)[0], amp, model)
+    with oo.null_kernels(), greenmim.emulate_cuda():
+        from torch.utils.flop_counter import FlopCounterMode
+        with FlopCounterMode(display=False) as fc:
+            model(img, plan)[0].backward()
+        ops = {str(k) for k in fc.get_flop_counts()["Global"]}
+        emulated = ts.step_flops(lambda: model(img, plan)[0], amp, model)
+    assert {"greenmim.attention_packed_fwd", "greenmim.attention_packed_bwd"} <= ops
+    assert emulated == cpu > 0
+    assert ts.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0 and ts.peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert ts.peak_tflops("NVIDIA H200") == 989.0 and ts.peak_tflops("CPU") is None
+
+
+def test_peer_models_select_the_reference_tokens():
+    """baselines.py's MAE and Hiera MAE gather and scatter by index where the reference code uses
+    boolean indexing (no host synchronisation, so a CUDA graph captures them): Hiera's visible
+    tokens equal timm's own masked forward; the masked losses equal the boolean-indexed ones; the
+    prediction tokens' mask equals Hiera's undo_windowing of the unit mask."""
+    import torch
+    bl = _bench_module("baselines", "bench/gpu/baselines.py")
+    from timm.models.hiera import undo_windowing
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    hm = bl.HieraMAE(embed_dim=16, num_heads=1, stages=(1, 1, 1, 1), dec_dim=32, dec_depth=1, dec_heads=2).eval()
+    img = torch.randn(3, 3, 224, 224)
+    mask = hm.draw(3, gen)
+    assert mask.sum(1).tolist() == [hm.keep] * 3 and hm.keep == int(49 * 0.4)
+    with torch.no_grad():
+        ours, stages, kept = hm.encode(img, mask)
+        ref, ref_stages = hm.hiera.forward_features(img, mask=mask, return_intermediates=True)
+    torch.testing.assert_close(ours, ref)
+    for a, b in zip(stages, ref_stages):
+        torch.testing.assert_close(a, b)
+    B, (U, D) = 3, (hm.units, 5)
+    x = torch.randn(B, hm.keep, *hm.mu_final, D)
+    full = torch.zeros(B, U, *hm.mu_final, D)
+    full[mask.view(B, U, 1, 1, 1).expand(-1, -1, *x.shape[2:])] = x.flatten()   # Hiera's x_dec[mask] = x
+    ours = torch.zeros(B, U, *hm.mu_final, D).scatter_(1, kept.view(B, -1, 1, 1, 1).expand_as(x), x)
+    assert torch.equal(ours, full)
+    m5 = mask.view(B, U, 1, 1, 1).expand(-1, -1, *hm.mu_final, 1)
+    ref_tok = undo_windowing(m5, hm.tokens_final, hm.mu_final).reshape(B, -1)
+    ours_tok = mask.view(B, 7, 7, 1, 1).expand(-1, -1, -1, *hm.mu_final).permute(0, 1, 3, 2, 4).reshape(B, -1)
+    assert torch.equal(ours_tok, ref_tok)
+    pred, target, masked = torch.randn(B, 196, 12), torch.randn(B, 196, 12), torch.rand(B, 196) < 0.6
+    ref_loss = ((pred - target) ** 2).mean(-1)[masked].mean()
+    torch.testing.assert_close(bl.masked_mse(pred, target, masked), ref_loss)
+    mae = bl.MAE(dim=32, depth=1, heads=2, dec_dim=32, dec_depth=1, dec_heads=2)
+    ids = mae.draw(2, gen)
+    assert mae.keep == 49 and torch.equal(ids.sort(1)[0], torch.arange(196).expand(2, -1))
+    loss = mae(img[:2], ids)
+    loss.backward()
+    assert loss.ndim == 0 and mae.cls_token.grad is not None and mae.mask_token.grad is not None
+
+
+def test_lent_device_script_refuses_a_machine_without_a_gpu(tmp_path):
+    """bench/gpu/lent_device.sh (the first command on a lent device) says in one line that it
+    needs one, and exits 2, where nvidia-smi is absent; --dry-run is its CPU mode (about 3 minutes
+    on 2 cores: run by hand, not here)."""
+    import shutil
+    if shutil.which("nvidia-smi"):
+        pytest.skip("nvidia-smi present: this is a GPU machine")
+    out = subprocess.run(["bash", str(ROOT / "bench/gpu/lent_device.sh"), str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    assert out.returncode == 2 and "no nvidia-smi: not a GPU machine (use --dry-run here)" in out.stdout
+
+
+def test_op_overhead_times_each_op_both_passes(capsys):
+    """bench/op_overhead.py: every public op, forward and forward + backward, on both paths, with
+    its scale rows and a JSON last line; unknown ops are refused."""
+    import json
+    oo = _bench_module("op_overhead", "bench/op_overhead.py")
+    assert oo.main(["--reps", "3", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    ops = {"attention_packed", "attention", "partition", "unpartition", "depthwise_conv3x3", "block_conv", "swin_block"}
+    assert {(r["op"], r["pass"]) for r in res["rows"]} == {(o, p) for o in ops for p in ("forward", "forward + backward")}
+    assert all(r["fast_us"] > 0 and r["dispatcher_us"] > 0 for r in res["rows"])
+    assert res["torch_add_us"] > 0 and res["function_floor_us"] > 0
+    with pytest.raises(SystemExit):
+        oo.main(["--ops", "bogus"])

@@ -23,7 +23,7 @@ def _pair(dtype=torch.float64, ref_name=None, **kw):
         ours = greenmim.VisibleTwins(**cfg)
     else:
         ref = timm.create_model(ref_name, pretrained=False, num_classes=0, **kw)
-        ours = getattr(greenmim, ref_name)(**kw)
+        ours = greenmim.create_model(ref_name, **kw)
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(torch.randn_like(p) * 0.02)
@@ -62,7 +62,7 @@ def test_timm_state_dict_loads_strictly(name):
     """The real configurations, names and shapes (meta tensors: no memory, no init)."""
     with torch.device("meta"):
         ref = timm.create_model(name, pretrained=False, num_classes=1000)
-        ours = getattr(greenmim, name)(num_classes=1000)
+        ours = greenmim.create_model(name, num_classes=1000)
     sd = ref.state_dict()
     assert {k: tuple(v.shape) for k, v in sd.items()} == {k: tuple(v.shape) for k, v in ours.state_dict().items()}
     ours.load_state_dict(sd, strict=True, assign=True)

@@ -34,7 +34,7 @@ def _mae_loss(imgs, pred, masked):
 
 def test_twins_large_is_the_released_configuration():
     with torch.device("meta"):
-        m = greenmim.green_mim_twins_large_patch4_dec512b1()
+        m = greenmim.mim.green_mim_twins_large_patch4_dec512b1()
     enc = m.encoder
     assert isinstance(enc, greenmim.VisibleTwins)
     assert enc.embed_dims == (128, 256, 512, 1024) and enc.depths == (2, 2, 18, 2)
@@ -155,7 +155,7 @@ def test_simulate_twins_l_agrees_with_torch_stage_by_stage():
     with torch.device("meta"):
         dense = flops.stage_macs(timm.create_model("twins_svt_large", pretrained=False).eval(),
                                  torch.empty(1, 3, 224, 224))
-        ours = greenmim.twins_svt_large()
+        ours = greenmim.twins.twins_svt_large()
     ours = _randomised(ours.to_empty(device="cpu"))
     x = torch.randn(1, 3, 224, 224)
     g = torch.Generator().manual_seed(0)
@@ -191,11 +191,11 @@ def test_custom_op_formulas_count_what_torchs_path_computes():
     for weights_grad in (False, True):
         w, b = torch.randn(32, 16, 2, 2, requires_grad=weights_grad), torch.randn(32, requires_grad=weights_grad)
         for op in (lambda a: greenmim.group_window_attention_packed(qkv, None, st.partition, algo=a),
-                   lambda a: greenmim.block_conv(x, st.embed, w, b, algo=a)):
+                   lambda a: greenmim.conv_ops.block_conv(x, st.embed, w, b, algo=a)):
             ref, auto = count(lambda: op("reference")), count(lambda: op("auto"))
             assert ref == auto > 0
         dw = torch.randn(16, 1, 3, 3, requires_grad=weights_grad)
-        got = count(lambda: greenmim.submanifold_depthwise_conv3x3(x, st.neighbors, dw, None))
+        got = count(lambda: greenmim.conv_ops.submanifold_depthwise_conv3x3(x, st.neighbors, dw, None))
         assert got == (3 if weights_grad else 2) * 2 * 9 * st.num_tokens * 16     # forward, dx (, dweight)
 
 

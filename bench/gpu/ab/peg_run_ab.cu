@@ -1,5 +1,6 @@
 // Same-binary A/B of the PEG forward / dx kernel: the one measured on an H100 on 2026-11-27
-// ("prev", copied verbatim but for its name from f8e7fa1: kernels/depthwise_conv.cu; 18.4 us at
+// ("prev", copied verbatim but for its name (and, since issue 40, k_taps spelled k_dw_taps) from
+// f8e7fa1: kernels/depthwise_conv.cu; 18.4 us at
 // Twins-L stage 1 per-sample, 27% of a copy's rate, L1-bound in ncu) against the production kernel
 // ("new", kernels/depthwise_conv.cu, included below: a thread walks one row of a Morton-ordered
 // group of 64 tokens and keeps the last token's rows where the table says they are the same
@@ -35,18 +36,18 @@ namespace greenmim { namespace detail { namespace cuda { namespace {
 template <class T, int V, int U, class Off>
 __global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply_prev(const dw_params p) {
   // [tap][ws_slot<V>(channel in block)], and the bias as a 10th row
-  __shared__ __align__(16) float ws[k_taps + 1][k_dw_max_groups * 8];
+  __shared__ __align__(16) float ws[k_dw_taps + 1][k_dw_max_groups * 8];
   const int groups = p.channels / V, gb = p.gb, rows = k_dw_threads / gb;
   const int g_first = static_cast<int>(blockIdx.y) * gb;
   const int gl = static_cast<int>(threadIdx.x) % gb, r = static_cast<int>(threadIdx.x) / gb;
   {  // the block's weights, read contiguously ([C, 9] rows of its channels), stored tap-major
     const int c_first = g_first * V, cw = gb * V;
-    for (int i = static_cast<int>(threadIdx.x); i < k_taps * cw; i += k_dw_threads) {
-      const int cl = i / k_taps, o = i % k_taps;
-      ws[o][ws_slot<V>(cl)] = c_first + cl < p.channels ? __ldg(p.w + static_cast<std::int64_t>(c_first) * k_taps + i) : 0.f;
+    for (int i = static_cast<int>(threadIdx.x); i < k_dw_taps * cw; i += k_dw_threads) {
+      const int cl = i / k_dw_taps, o = i % k_dw_taps;
+      ws[o][ws_slot<V>(cl)] = c_first + cl < p.channels ? __ldg(p.w + static_cast<std::int64_t>(c_first) * k_dw_taps + i) : 0.f;
     }
     for (int cl = static_cast<int>(threadIdx.x); cl < cw; cl += k_dw_threads)
-      ws[k_taps][ws_slot<V>(cl)] = p.bias && c_first + cl < p.channels ? __ldg(p.bias + c_first + cl) : 0.f;
+      ws[k_dw_taps][ws_slot<V>(cl)] = p.bias && c_first + cl < p.channels ? __ldg(p.bias + c_first + cl) : 0.f;
   }
   __syncthreads();  // the only barrier: inactive threads leave after it
   const int g = g_first + gl;
@@ -78,16 +79,16 @@ __global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply_prev(co
     // in a sample; a missing neighbour reads the token's own row instead (a real row, so that every
     // load is unconditional and all taps' loads issue together) and its product is dropped by a
     // predicate, which leaves acc bit for bit as skipping the tap does, Inf and NaN included
-    index_t s[k_taps];
-    const index_t* row = p.nbr + static_cast<std::int64_t>(t) * k_taps;
+    index_t s[k_dw_taps];
+    const index_t* row = p.nbr + static_cast<std::int64_t>(t) * k_dw_taps;
 #pragma unroll
-    for (int o = 0; o < k_taps; ++o) s[o] = __ldg(row + o);
+    for (int o = 0; o < k_dw_taps; ++o) s[o] = __ldg(row + o);
     const Off own = static_cast<Off>(t) * static_cast<Off>(p.in_s1) + c0;
-    Off off[k_taps];
+    Off off[k_dw_taps];
     unsigned pad = 0;  // bit o: tap o has no neighbour
 #pragma unroll
-    for (int o = 0; o < k_taps; ++o) {
-      const index_t so = p.mirrored ? s[k_taps - 1 - o] : s[o];
+    for (int o = 0; o < k_dw_taps; ++o) {
+      const index_t so = p.mirrored ? s[k_dw_taps - 1 - o] : s[o];
       const bool in_range = static_cast<unsigned>(so) < static_cast<unsigned>(p.tokens);
       off[o] = in_range ? static_cast<Off>(so) * static_cast<Off>(p.in_s1) + c0 : own;
       pad |= in_range ? 0u : 1u << o;
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply_prev(co
       float acc[U][V];
       {
         float bias[V];
-        weights(k_taps, bias);
+        weights(k_dw_taps, bias);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           live[u] = u == 0 || b + u * gz < p.batch;
@@ -118,13 +119,13 @@ __global__ void __launch_bounds__(k_dw_threads, U == 1 ? 4 : 3) dw_apply_prev(co
       }
       // every tap's rows loaded before any is used (ptxas keeps as many in flight as its registers
       // allow: up to 4 16-byte rows a thread where the kernel before waited on each load in turn)
-      typename io::raw x[k_taps][U];
+      typename io::raw x[k_dw_taps][U];
 #pragma unroll
-      for (int o = 0; o < k_taps; ++o)
+      for (int o = 0; o < k_dw_taps; ++o)
 #pragma unroll
         for (int u = 0; u < U; ++u) x[o][u] = io::fetch(xs[u] + off[o]);
 #pragma unroll
-      for (int o = 0; o < k_taps; ++o) {
+      for (int o = 0; o < k_dw_taps; ++o) {
         const bool skip = (pad >> o) & 1u;
         float w[V];
         weights(o, w);

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 
 from .. import mim
+
+WARMUP_EPOCHS = 40              # the released warm-up; a tenth of --epochs when that is shorter
 
 
 class UsageError(ValueError):
@@ -26,8 +29,24 @@ def _fmt(prog):
     return _Formatter(prog, max_help_position=32, width=100)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``greenmim.pretrain: error: ...`` and exit code 2, and the
+    closest flag for a typo ("did you mean --batch_size?"), as the C++ command line does."""
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments:"):
+            flags = [a for a in message.split(":", 1)[1].split() if a.startswith("-")]
+            known = [o for a in self._actions for o in a.option_strings]
+            hints = []
+            for f in flags:
+                close = difflib.get_close_matches(f.split("=")[0], known, n=1, cutoff=0.6)
+                hints.append(f"{f} (did you mean {close[0]}?)" if close else f)
+            message = f"unknown flag{'s' if len(hints) > 1 else ''} " + ", ".join(hints or [message.split(':', 1)[1]])
+        self.exit(2, f"greenmim.pretrain: error: {message} (all flags: python -m greenmim.pretrain --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m greenmim.pretrain", formatter_class=_fmt,
         description="GreenMIM pretraining (the paper's model and recipe) on the visible tokens of masked images. "
                     "One process, or many under torchrun (DDP; FSDP2 with --fsdp). Without --data_path it trains "
@@ -55,14 +74,17 @@ def parser() -> argparse.ArgumentParser:
                         "processes")
     g.add_argument("--epochs", default=400, type=int, help="length of the schedule")
     g.add_argument("--max_steps", default=None, type=int,
-                   help="stop after this many optimizer steps in all (the schedule still spans --epochs)")
+                   help="stop after this many optimizer steps in all; the schedule still spans --epochs "
+                        "(default: none, the whole schedule)")
     g.add_argument("--accum_iter", default=1, type=int, help="micro-batches accumulated per optimizer step")
     g.add_argument("--weight_decay", default=0.05, type=float, help="AdamW's, off for norms, biases, position tables")
     g.add_argument("--lr", default=None, type=float, help="absolute learning rate (default: blr x batch / 256)")
     g.add_argument("--blr", default=1.5e-4, type=float,
                    help="base learning rate: lr = blr x effective batch / 256 (the paper's 1.5e-4)")
     g.add_argument("--min_lr", default=0.0, type=float, help="end of the cosine schedule")
-    g.add_argument("--warmup_epochs", default=40, type=float, help="linear warm-up, per iteration")
+    g.add_argument("--warmup_epochs", default=None, type=float,
+                   help=f"linear warm-up, per iteration (default: {WARMUP_EPOCHS}; a tenth of --epochs when --epochs "
+                        f"is under {WARMUP_EPOCHS})")
     g.add_argument("--amp", default=None, choices=("bf16", "fp16", "off"),
                    help="autocast dtype (default: bf16 on CUDA, off on CPU); fp16 uses a GradScaler")
     g.add_argument("--compile", action="store_true",
@@ -70,14 +92,24 @@ def parser() -> argparse.ArgumentParser:
                         "dynamic, so fresh masks do not recompile (docs/pretraining.md)")
     g.add_argument("--compile_backend", default="inductor", help="torch.compile's backend")
     g.add_argument("--cuda_graphs", action="store_true",
-                   help="capture the step (forward, backward; AdamW too in one process) once as a CUDA graph and "
-                        "replay it: plans padded to one capacity; CUDA, one process or torchrun without --fsdp, "
-                        "--accum_iter 1, bf16 or off (docs/pretraining.md)")
+                   help="the default on CUDA: capture the step (forward, backward; AdamW too in one process) once "
+                        "as a CUDA graph and replay it, plans padded to one capacity. fp16, --accum_iter > 1, "
+                        "--fsdp and --decoder_order released run eagerly, with a line saying so "
+                        "(docs/pretraining.md) (default: on with CUDA, off on the CPU)")
+    g.add_argument("--eager", action="store_true",
+                   help="run every step eagerly on CUDA too (no CUDA graph)")
+    g.add_argument("--max_skipped_steps", default=20, type=int,
+                   help="stop after this many consecutive optimizer steps skipped for a non-finite loss or "
+                        "gradient (each skip is counted in the progress line and log.jsonl)")
     g.add_argument("--fsdp", action="store_true", help="shard with FSDP2 (fully_shard) instead of DDP")
     g = p.add_argument_group("data")
     g.add_argument("--data_path", default=None,
                    help="an image folder (class subfolders or images; DATA_PATH/train is used when it exists); "
                         "default: scikit-image's sample photographs")
+    g.add_argument("--decode", default="auto", choices=("auto", "cpu", "gpu"),
+                   help="where JPEGs are decoded and cropped: 'gpu' on the step's CUDA device (batched nvJPEG; the "
+                        "workers only read bytes and draw the crops), 'cpu' in the loader workers (libjpeg-turbo); "
+                        "'auto': gpu when the step runs on CUDA and torchvision decodes there, else cpu")
     g.add_argument("--num_workers", default=None, type=int, help="loader processes per rank (default: this rank's share of the CPUs less one, 1 to 32)")
     g.add_argument("--pin_mem", dest="pin_mem", action="store_true", default=True, help="pin host memory (CUDA)")
     g.add_argument("--no_pin_mem", dest="pin_mem", action="store_false")
@@ -86,10 +118,24 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--output_dir", default="./output_dir", help="checkpoints, log.jsonl, vis/ ('' saves nothing)")
     g.add_argument("--log_dir", default=None, help="TensorBoard logs, when tensorboard is installed "
                                                     "(default: output_dir)")
-    g.add_argument("--save_freq", default=20, type=int, help="save a checkpoint every N epochs (and at the end)")
+    g.add_argument("--save_freq", default=20, type=int,
+                   help="save a milestone checkpoint every N epochs (and at the end); milestones are never pruned")
+    g.add_argument("--save_every_steps", default=0, type=int,
+                   help="also save a checkpoint every N optimizer steps (0: off)")
+    g.add_argument("--save_every_minutes", default=10.0, type=float,
+                   help="also save a checkpoint when this many minutes of training passed since the last one "
+                        "(0: off); with SIGTERM/SIGUSR1 saving on preemption, a hard kill loses at most this")
+    g.add_argument("--keep_last", default=2, type=int,
+                   help="keep the newest K step checkpoints (--save_every_*, preemption) and delete older ones; "
+                        "milestones (--save_freq) and the newest valid checkpoint are always kept (0: keep all)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="start afresh in an --output_dir that holds checkpoints: its checkpoints and log.jsonl are "
+                        "deleted first (without it such a run is refused)")
     g.add_argument("--vis_freq", default=20, type=int, help="draw reconstructions every N epochs (and at the end)")
     g.add_argument("--print_freq", default=20, type=int, help="log a line every N steps when not on a terminal")
-    g.add_argument("--resume", default="", help="a checkpoint to continue, or 'auto': the newest in output_dir")
+    g.add_argument("--resume", default="",
+                   help="a checkpoint to continue, or 'auto': the newest readable one in output_dir (torchrun's "
+                        "elastic restarts use auto by themselves) (default: none, a fresh run)")
     g.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     g = p.add_argument_group("accepted for the released scripts (torchrun sets these through the environment)")
     g.add_argument("--start_epoch", default=0, type=int, help="ignored: resume restores the epoch")
@@ -109,27 +155,56 @@ def validate(args) -> None:
     if not 0.0 < args.mask_ratio < 1.0:
         raise UsageError(f"--mask_ratio must be strictly between 0 and 1, got {args.mask_ratio} (0 leaves nothing "
                          f"to reconstruct, 1 nothing to see)")
-    for name in ("batch_size", "epochs", "accum_iter", "save_freq", "vis_freq", "print_freq"):
+    for name in ("batch_size", "epochs", "accum_iter", "save_freq", "vis_freq", "print_freq", "max_skipped_steps"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError(f"--max_steps must be >= 1, got {args.max_steps}")
     if args.num_workers is not None and args.num_workers < 0:
         raise UsageError(f"--num_workers must be >= 0, got {args.num_workers}")
+    for name in ("save_every_steps", "save_every_minutes", "keep_last"):
+        if getattr(args, name) < 0:
+            raise UsageError(f"--{name} must be >= 0 (0: off), got {getattr(args, name)}")
+    args.notes = []
+    if args.warmup_epochs is None:                 # a default adapts; only a value the user set is refused
+        args.warmup_epochs = float(WARMUP_EPOCHS)
+        if args.warmup_epochs > args.epochs:
+            args.warmup_epochs = args.epochs / 10
+            args.notes.append(f"note: the default warm-up ({WARMUP_EPOCHS} epochs) is longer than --epochs "
+                              f"{args.epochs}: warming up over {args.warmup_epochs:g} epochs instead (a tenth, as "
+                              f"the released 40 of 400); --warmup_epochs sets it")
     if args.warmup_epochs < 0 or args.warmup_epochs > args.epochs:
-        raise UsageError(f"--warmup_epochs must be in [0, --epochs={args.epochs}], got {args.warmup_epochs}")
+        raise UsageError(f"--warmup_epochs must be in [0, --epochs={args.epochs}], got {args.warmup_epochs:g}")
     if args.lr is not None and args.lr <= 0 or args.blr <= 0:
         raise UsageError("--lr and --blr must be > 0")
+    if args.data_path is not None and os.path.isfile(args.data_path):
+        raise UsageError(f"--data_path {args.data_path} is a file: give the folder that holds the images (class "
+                         f"subfolders, or the images themselves)")
     if args.data_path is not None and not os.path.isdir(args.data_path):
         raise UsageError(f"--data_path {args.data_path}: no such folder")
+    if args.output_dir:
+        _check_creatable(args.output_dir)
     if args.resume not in ("", "auto") and not os.path.isfile(args.resume):
         raise UsageError(f"--resume {args.resume}: no such file")
-    if args.cuda_graphs:
-        why = [w for w, bad in (("--fsdp", args.fsdp), (f"--accum_iter {args.accum_iter}", args.accum_iter != 1),
-                                ("--amp fp16 (its GradScaler reads the device each step; use bf16)", args.amp == "fp16"),
-                                ("--decoder_order released (drawn on the host each step)",
-                                 args.decoder_order == "released")) if bad]
-        if why:
-            raise UsageError(f"--cuda_graphs does not take {', '.join(why)}: drop them, or drop --cuda_graphs")
+    if args.cuda_graphs and args.eager:
+        raise UsageError("--cuda_graphs and --eager contradict each other: give one")
     if args.resume == "auto" and not args.output_dir:
         raise UsageError("--resume auto looks in --output_dir, which is empty")
+
+
+def _check_creatable(path: str) -> None:
+    """That ``path`` is a folder or can be made one, without making it: its nearest existing
+    ancestor must be a writable folder."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise UsageError(f"--output_dir {path} is a file, not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UsageError(f"--output_dir {path}: no permission to write there")
+        return
+    parent = os.path.abspath(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UsageError(f"--output_dir {path} cannot be created: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--output_dir {path} cannot be created: no permission to write in {parent}")

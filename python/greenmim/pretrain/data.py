@@ -12,33 +12,28 @@ uninterrupted one would have. Optimizer step t of an epoch covers positions [t*E
 that epoch's permutation (E = batch_size x accum_iter x world_size); micro-batch m = a * world
 + rank (accumulation step a) takes its m-th slice. So two ranks without accumulation see
 exactly what one process sees with accum_iter 2.
+
+The images themselves are decoded either in the workers (``crops``: libjpeg-turbo into tensors,
+uint8 crops) or on the step's device (``decode``: the workers ship bytes and crop boxes); the
+sources of images are in ``images``.
 """
 from __future__ import annotations
 
 import hashlib
 import os
-import pathlib
-import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .. import indices
+from .. import mask_plan
 from .._lib import GreenmimError
+from . import crops, decode as _decode
+from .images import (IMAGE_EXTENSIONS, SAMPLE_CROPS_PER_EPOCH, SAMPLE_HELD_OUT, SAMPLE_TRAIN, SKIP_LIMIT,  # noqa: F401
+                     DataError, ImageFiles, SamplePhotographs)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-# Photographs inside scikit-image's wheel (no download). The last two are held out of training.
-SAMPLE_TRAIN = ("astronaut", "brick", "camera", "cell", "chelsea", "clock", "coins", "grass", "gravel",
-                "hubble_deep_field", "immunohistochemistry", "moon", "page", "retina", "text")
-SAMPLE_HELD_OUT = ("coffee", "rocket")
-SAMPLE_CROPS_PER_EPOCH = 64      # each sample photograph gives this many random crops per epoch
-
-
-class DataError(ValueError):
-    """Bad data arguments (the command line turns it into one line and exit code 2)."""
 
 
 def derive_seed(*parts: int) -> int:
@@ -56,10 +51,12 @@ def train_transform(size: int):
 
 
 def train_crops(size: int):
-    """``train_transform`` up to the pixels: the random crop and flip, as uint8 ``[3, size, size]``.
-    The loader workers run this; ``normalize`` does the rest on the step's device. Converting to
-    float and normalising took a fifth to a quarter of a worker's time per image, and float32 batches are
-    four times the bytes to pin and copy (timm's PrefetchLoader makes the same split)."""
+    """``train_transform`` up to the pixels (PIL): the random crop and flip, as uint8 ``[3, size, size]``.
+    The loader's workers ran this until ``crops.crop_one`` (the same draws on tensors) replaced
+    it; bench/loader.py measures it as the baseline. ``normalize`` does the rest on the step's
+    device. Converting to float and normalising took a fifth to a quarter of a worker's time per
+    image, and float32 batches are four times the bytes to pin and copy (timm's PrefetchLoader
+    makes the same split)."""
     from torchvision import transforms as T
     return T.Compose([T.RandomResizedCrop(size, scale=(0.2, 1.0), interpolation=T.InterpolationMode.BICUBIC),
                       T.RandomHorizontalFlip(), T.PILToTensor()])
@@ -94,102 +91,6 @@ def eval_transform(size: int):
                       T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
 
-class ImageFiles:
-    """Images under a folder: an ImageFolder tree (class subfolders, labels ignored) or the
-    images directly in it. An image that cannot be read is replaced by the next readable one,
-    with a warning naming it (a step never loses a sample); a folder where no image reads
-    stops the run."""
-
-    def __init__(self, root: str):
-        path = pathlib.Path(root)
-        if (path / "train").is_dir():             # the released layout: DATA_PATH/train/<class>/<image>
-            path = path / "train"
-        if not path.is_dir():
-            raise DataError(f"--data_path {root}: no such folder")
-        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
-        if not files:
-            raise DataError(f"--data_path {root}: no image found (looked for {', '.join(IMAGE_EXTENSIONS)} "
-                            f"under {path}, in class subfolders or directly)")
-        self.root, self.files = str(path), files
-        self._warned = set()
-        self._probe()
-
-    def _probe(self, tries: int = 16) -> None:
-        """Stops at once when none of a few images spread over the folder reads."""
-        from PIL import Image
-        why = None
-        for i in range(min(tries, len(self.files))):
-            f = self.files[(i * len(self.files)) // min(tries, len(self.files))]
-            try:
-                with Image.open(f) as im:
-                    im.load()
-                return
-            except Exception as e:  # noqa: BLE001
-                why = why or f"{f}: {type(e).__name__}: {e}"
-        raise DataError(f"--data_path {self.root}: none of {min(tries, len(self.files))} images tried could be read "
-                        f"(first: {why})")
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def load(self, i: int):
-        from PIL import Image
-        n = min(len(self.files), 64)
-        for k in range(n):
-            f = self.files[(i + k) % len(self.files)]
-            try:
-                with Image.open(f) as im:
-                    return im.convert("RGB")      # decodes now, while the file is open
-            except Exception as e:                # noqa: BLE001 - any decoder error: skip the file
-                if f not in self._warned:
-                    self._warned.add(f)
-                    print(f"greenmim.pretrain: warning: skipping unreadable image {f} ({type(e).__name__}: {e})",
-                          file=sys.stderr, flush=True)
-        raise DataError(f"--data_path {self.root}: {n} images in a row could not be read, from {self.files[i]}")
-
-    def describe(self) -> str:
-        return f"{len(self.files)} images under {self.root}"
-
-    def spread(self, count: int) -> List[int]:
-        """``count`` indices spread over the folder (the visualisation's fixed images)."""
-        return [(i * len(self.files)) // count for i in range(count)]
-
-
-class SamplePhotographs:
-    """The photographs that ship inside scikit-image's wheel, each seen as
-    ``SAMPLE_CROPS_PER_EPOCH`` random crops per epoch: a data set that needs no download."""
-
-    def __init__(self, names: Sequence[str] = SAMPLE_TRAIN, repeats: int = SAMPLE_CROPS_PER_EPOCH):
-        try:
-            import skimage.data  # noqa: F401
-        except ImportError as e:
-            raise DataError("without --data_path the sample photographs of scikit-image are used: "
-                            "pip install scikit-image (or give --data_path)") from e
-        self.names, self.repeats = tuple(names), repeats
-        self._cache = {}
-
-    def __len__(self) -> int:
-        return len(self.names) * self.repeats
-
-    def load(self, i: int):
-        from PIL import Image
-        import numpy as np
-        import skimage.data
-        name = self.names[i % len(self.names)]
-        if name not in self._cache:
-            a = getattr(skimage.data, name)()
-            a = np.stack([a] * 3, -1) if a.ndim == 2 else a[..., :3]
-            self._cache[name] = Image.fromarray(np.ascontiguousarray(a.astype(np.uint8)))
-        return self._cache[name]
-
-    def spread(self, count: int) -> List[int]:
-        return list(range(min(count, len(self.names))))
-
-    def describe(self) -> str:
-        return (f"{len(self.names)} sample photographs of scikit-image x {self.repeats} random crops per epoch "
-                f"(no --data_path)")
-
-
 def pad_to(plan, capacity):
     """``plan.padded(capacity)``, or the plan itself when it needs more groups (an overflow: that
     step runs eagerly, graphs.GraphedStep) or there is no capacity."""
@@ -219,7 +120,7 @@ class Geometry:
         if self.spec is not None:
             plan = self.spec.plan(masks, device="cpu", cache=False)
         else:
-            plan = indices.plan_masks(masks, img_size=self.img_size, patch_size=self.patch_size,
+            plan = mask_plan.plan_masks(masks, img_size=self.img_size, patch_size=self.patch_size,
                                       window_size=self.window, num_stages=self.num_stages, embed_dim=self.embed_dim,
                                       strategy=self.strategy, device="cpu", cache=False, group_size=self.group_size)
         return pad_to(plan, self.capacity)
@@ -230,36 +131,64 @@ class Geometry:
         g = torch.Generator().manual_seed(seed ^ 0x6A09E667)
         kept, self.capacity = self.capacity, None
         try:
-            plans = [self.plan(indices.random_masks(batch if per_sample else None, grid=self.grid, ratio=mask_ratio,
+            plans = [self.plan(mask_plan.random_masks(batch if per_sample else None, grid=self.grid, ratio=mask_ratio,
                                                     generator=g)) for _ in range(samples)]
         finally:
             self.capacity = kept
-        return indices.group_capacity(plans)
+        return mask_plan.group_capacity(plans)
 
 
 class MicroBatches(torch.utils.data.Dataset):
-    """Item = one micro-batch ``(epoch, step, micro, indices)`` -> ``(images, masks, plan)``; the
-    images are uint8 crops (``train_crops``), for ``normalize`` on the device."""
+    """Item = one micro-batch ``(epoch, step, micro, indices)`` -> ``(images, masks, plan)``.
 
-    def __init__(self, images, size: int, geometry: Geometry, mask_ratio: float, per_sample: bool, seed: int):
+    ``decode="cpu"``: the images are uint8 crops ``[B, 3, size, size]`` (``crops.crop_one``: the
+    released crop and flip, decoded and resized on the worker's CPU), for ``normalize`` on the
+    device. ``decode="gpu"``: they are a ``decode.EncodedBatch`` (the files' bytes, the crop boxes
+    and flips drawn here) for ``decode.GpuDecoder`` on the device. Both draw the same boxes and
+    flips from the same seed, so the two paths crop alike and a run may resume on either.
+    An unreadable file is skipped for the next one, with one warning (its draws are undone)."""
+
+    def __init__(self, images, size: int, geometry: Geometry, mask_ratio: float, per_sample: bool, seed: int,
+                 decode: str = "cpu"):
+        if decode not in ("cpu", "gpu"):
+            raise DataError(f"MicroBatches: decode must be 'cpu' or 'gpu' (decode.resolve_decode), not {decode!r}")
         self.images, self.size, self.geometry = images, size, geometry
-        self.mask_ratio, self.per_sample, self.seed = mask_ratio, per_sample, seed
-        self.transform = train_crops(size)
+        self.mask_ratio, self.per_sample, self.seed, self.decode = mask_ratio, per_sample, seed, decode
 
     def __len__(self) -> int:  # the sampler drives the loader; this is for DataLoader's checks only
         return len(self.images)
 
+    def _first_readable(self, i: int, g: torch.Generator, make):
+        """``make(raw, g)`` for the first image from ``i`` on that reads; a skipped one's draws undone."""
+        n = len(self.images)
+        for k in range(min(n, SKIP_LIMIT)):
+            state = g.get_state()
+            try:
+                return self.images.name(i + k), make(self.images.raw(i + k), g)
+            except (crops.Unreadable, OSError) as e:
+                g.set_state(state)
+                self.images.warn_unreadable(i + k, e)
+        raise self.images.give_up(i)
+
+    def cpu_crops(self, idx: List[int], g: torch.Generator) -> Tensor:
+        """The CPU path's uint8 crops of images ``idx``, drawn from ``g`` in order."""
+        out = torch.empty(len(idx), 3, self.size, self.size, dtype=torch.uint8)
+        for k, i in enumerate(idx):
+            out[k] = self._first_readable(i, g, lambda raw, g: crops.crop_one(raw, g, self.size))[1]
+        return out
+
+    def encoded(self, idx: List[int], g: torch.Generator) -> "_decode.EncodedBatch":
+        """The GPU path's worker part: bytes, boxes and flips (``decode.plan_one``), drawn from ``g``."""
+        got = [self._first_readable(i, g, lambda raw, g: _decode.plan_one(raw, g, self.size)) for i in idx]
+        return _decode.encode_batch([it for _, it in got], [name for name, _ in got], self.size)
+
     def __getitem__(self, item: Tuple[int, int, int, List[int]]):
         epoch, step, micro, idx = item
         seed = derive_seed(self.seed, epoch, step, micro)
-        rng_state = torch.get_rng_state()
-        torch.manual_seed(seed)                   # torchvision's random transforms draw from it
-        try:
-            imgs = torch.stack([self.transform(self.images.load(i)) for i in idx])
-        finally:
-            torch.set_rng_state(rng_state)
+        g = torch.Generator().manual_seed(seed)   # the crops and flips; a stream as torch.manual_seed(seed)'s
+        imgs = self.cpu_crops(idx, g) if self.decode == "cpu" else self.encoded(idx, g)
         g = torch.Generator().manual_seed(seed ^ 0x5DEECE66D)
-        masks = indices.random_masks(len(idx) if self.per_sample else None, grid=self.geometry.grid,
+        masks = mask_plan.random_masks(len(idx) if self.per_sample else None, grid=self.geometry.grid,
                                      ratio=self.mask_ratio, generator=g)
         return imgs, masks, self.geometry.plan(masks)
 

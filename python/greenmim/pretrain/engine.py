@@ -1,22 +1,30 @@
 """The training loop of ``python -m greenmim.pretrain``."""
 from __future__ import annotations
 
-import math
 import os
 from typing import Optional
 
 import torch
 
 from .. import mim
-from . import data, dist, graphs, optim, report, state
+from . import decode as _decode
+from . import checkpoints, data, dist, graphs, optim, report, signals, state
+from .books import Books as _Books, Saver as _Saver, TestHooks as _TestHooks, preempted_line as _preempted_line
 from .args import UsageError
 
 SMALL_MODELS = ("green_mim_swin_nano_patch4_dec128b1", "green_mim_swin_tiny_patch4_dec512b1",
                 "green_mim_twins_nano_patch4_dec128b1")
 
 
-class LossNotFinite(RuntimeError):
-    pass
+READBACK_STEPS = 10    # on CUDA: the losses and skip flags are read every this many steps, not every step
+
+
+class Stopped(RuntimeError):
+    """The run stopped early: ``line`` says why and how to go on; ``code`` is the exit status."""
+
+    def __init__(self, line: str, code: int):
+        super().__init__(line)
+        self.line, self.code = line, code
 
 
 def build_model(args) -> mim.GreenMIM:
@@ -36,16 +44,26 @@ def images_of(args):
     return data.ImageFiles(args.data_path) if args.data_path else data.SamplePhotographs()
 
 
-def run(args, ctx: dist.Context) -> dict:
+def run(args, ctx: dist.Context, resume: Optional[checkpoints.Resume] = None) -> dict:
     """Trains; returns a summary: steps, the loss of each step run here and the last, the last
-    checkpoint written, the (unwrapped; with FSDP2 sharded) model, held-out losses."""
+    checkpoint written, the (unwrapped; with FSDP2 sharded) model, held-out losses, skipped steps.
+    ``resume``: what ``checkpoints.preflight`` found (None: a fresh run). Raises Stopped when the
+    run stops early: a preemption signal (after saving) or too many non-finite steps."""
+    resume = resume or checkpoints.Resume()
     torch.manual_seed(args.seed)                       # the same initial weights on every rank
+    if args.cuda_graphs and ctx.device.type != "cuda":
+        raise UsageError(f"--cuda_graphs needs a CUDA device (here: {ctx.device.type}); drop it to train eagerly")
+    threads = ""
+    workers = data.worker_count(args.num_workers)
+    if ctx.device.type == "cpu":
+        workers, n, why = dist.cpu_split(args.num_workers)
+        threads = f"{n} intra-op thread{'s' if n > 1 else ''} ({why})"
+    decode_mode = _decode.resolve_decode(args.decode, ctx.device)   # --decode gpu without CUDA: one line, exit 2
     model = build_model(args)
     amp = amp_dtype(args, ctx.device)
     images = images_of(args)
-    if args.cuda_graphs and ctx.device.type != "cuda":
-        raise UsageError(f"--cuda_graphs needs a CUDA device (here: {ctx.device.type}); drop it to train eagerly")
-    geometry = data.Geometry(model, fixed_groups=args.compile or args.cuda_graphs)
+    use_graphs, graph_note = graphs.choose(args, ctx.device)
+    geometry = data.Geometry(model, fixed_groups=args.compile or use_graphs)
     sampler = data.StepSampler(len(images), args.batch_size, args.accum_iter, ctx.world, ctx.rank, args.seed)
     spe = sampler.steps_per_epoch
     if spe == 0:
@@ -53,126 +71,160 @@ def run(args, ctx: dist.Context) -> dict:
                          f"{args.batch_size} x accum_iter {args.accum_iter} x {ctx.world} process(es) = "
                          f"{sampler.global_batch}; lower --batch_size or --accum_iter")
     total = args.epochs * spe if args.max_steps is None else min(args.max_steps, args.epochs * spe)
+    if resume.step >= total:
+        raise UsageError(f"nothing to do: the checkpoint {resume.path} is at step {resume.step}, and this run ends at "
+                         f"step {total} (--epochs {args.epochs} x {spe} steps"
+                         f"{f', --max_steps {args.max_steps}' if args.max_steps else ''})")
     lr = args.lr if args.lr is not None else args.blr * sampler.global_batch / 256
     model.to(ctx.device)
     config = model.config
-    # --cuda_graphs averages the gradients itself (one all-reduce after each replay): no DDP wrapper
-    wrapped = model if args.cuda_graphs else dist.wrap(model, ctx)
+    # under CUDA graphs the step averages the gradients itself (one all-reduce after each replay): no DDP
+    wrapped = model if use_graphs else dist.wrap(model, ctx)
     opt = optim.adamw(wrapped if ctx.fsdp else model, lr, args.weight_decay,
-                      fused=ctx.device.type == "cuda" and not ctx.fsdp, capturable=args.cuda_graphs)
+                      fused=ctx.device.type == "cuda" and not ctx.fsdp, capturable=use_graphs)
     scaler = torch.amp.GradScaler(ctx.device.type) if amp == torch.float16 else None
     step = 0
     out = args.output_dir
     if out and ctx.main:
         os.makedirs(out, exist_ok=True)
-    resume = state.latest(out) if args.resume == "auto" else args.resume
-    if args.resume == "auto" and resume is None and ctx.main:
-        print(f"greenmim.pretrain: --resume auto: no checkpoint in {out}, starting afresh", flush=True)
-    if resume:
-        _, step = state.load(resume, wrapped, opt, scaler, config, ctx)
+    if resume.path:
+        _, step = state.load(resume.path, wrapped, opt, scaler, config, ctx, resume.obj)
+        resume.obj = None                              # its tensors now live in the model and optimizer
     net = torch.compile(wrapped, backend=args.compile_backend) if args.compile else wrapped
     graphed = None
-    if args.cuda_graphs:
+    if use_graphs:
         graphs.tensor_lr(opt, ctx.device)
         geometry.capacity = geometry.capacity_for(args.batch_size, args.per_sample_masks, args.mask_ratio, args.seed)
         dist.broadcast_state(model, ctx)
         graphed = graphs.GraphedStep(net, lambda x, p: net(data.normalize(x), p)[0], opt, amp, ctx.device,
                                      geometry.capacity, grad_sync=dist.average_gradients(ctx))
-    workers = data.worker_count(args.num_workers)
-    ds = data.MicroBatches(images, geometry.img_size, geometry, args.mask_ratio, args.per_sample_masks, args.seed)
+    ds = data.MicroBatches(images, geometry.img_size, geometry, args.mask_ratio, args.per_sample_masks, args.seed,
+                           decode=decode_mode)
+    decoder = _decode.GpuDecoder(ctx.device, geometry.img_size) if decode_mode == "gpu" else None
     rep = report.Reporter(ctx.main, out, args.log_dir, args.print_freq, total, spe,
-                          args.batch_size * args.accum_iter * ctx.world)
-    _header(rep, args, model, images, sampler, geometry, lr, amp, ctx, workers, total, resume, step)
+                          args.batch_size * args.accum_iter * ctx.world, resume_step=step)
+    report.header(rep, args, model, images, sampler, geometry, lr, amp, ctx, workers, total, resume.path, step,
+                  use_graphs, threads, SMALL_MODELS, decode_mode)
+    for line in (resume.why, graph_note):
+        if line:
+            rep.print(line if line.startswith("greenmim.pretrain") else f"greenmim.pretrain: {line}")
+    if resume.path:
+        report.event(rep, event="resumed", path=resume.path, at_step=step)
     vis_imgs = data.fixed_images(images, geometry.img_size)
     vis_masks = model.random_masks(len(vis_imgs), args.mask_ratio, torch.Generator().manual_seed(args.seed + 1))
-    summary = {"steps": step, "checkpoint": None, "loss": float("nan"), "losses": [], "model": model}
+    summary = {"steps": step, "checkpoint": None, "loss": float("nan"), "losses": [], "model": model, "skipped": 0}
+    hooks = _TestHooks(ctx)
+    books = _Books(args, ctx, rep, summary, rep.resumed_losses, step)
+    saver = _Saver(args, ctx, rep, summary, wrapped, opt, scaler, config,
+                   {"global_batch": sampler.global_batch, "steps_per_epoch": spe})
+    readback = 1 if ctx.device.type == "cpu" else READBACK_STEPS
+    params = [p for g in opt.param_groups for p in g["params"]]
     model.train()
     try:
-        epoch, t0 = divmod(step, spe)
-        sampler.epoch, sampler.start_step, sampler.end = epoch, t0, total
-        loader = data.make_loader(ds, sampler, workers, args.pin_mem and ctx.device.type == "cuda")
-        losses, epoch_losses = [], []
-        for i, (imgs, masks, plan) in enumerate(loader):   # one loader for the run (StepSampler's end)
-            a = i % args.accum_iter
-            if a == 0:
-                epoch, t = divmod(step, spe)
-                value = optim.lr_at(epoch + t / spe, lr, args.min_lr, args.warmup_epochs, args.epochs)
-                optim.set_lr(opt, value)
-                torch.manual_seed(data.derive_seed(args.seed, ctx.rank, step, 1))  # drop path, dropout
-                losses = []
-            if graphed is not None:                   # --cuda_graphs (accum_iter 1): the whole step
-                loss = graphed.step(imgs, plan)
-                losses.append(loss.float())
-            else:
-                imgs = data.normalize(imgs.to(ctx.device, non_blocking=True))   # uint8 from the workers
-                plan = plan.to(ctx.device, non_blocking=True)
-                if args.compile:
-                    plan.mark_dynamic()                   # one graph for every mask (docs/pretraining.md)
-                gen = None
-                if args.decoder_order == "released":
-                    gen = torch.Generator().manual_seed(data.derive_seed(args.seed, epoch, t, a * ctx.world + ctx.rank,
-                                                                         2))
-                with dist.no_sync(wrapped, ctx, sync=a == args.accum_iter - 1):
-                    with torch.autocast(ctx.device.type, dtype=amp, enabled=amp is not None):
-                        loss = net(imgs, plan, gen)[0]
-                    scaled = loss / args.accum_iter
-                    (scaler.scale(scaled) if scaler is not None else scaled).backward()
-                losses.append(loss.detach().float())
-                if a < args.accum_iter - 1:
-                    continue
-                if scaler is not None:
-                    scaler.step(opt)
-                    scaler.update()
+        with signals.Preemption() as preemption:
+            epoch, t0 = divmod(step, spe)
+            sampler.epoch, sampler.start_step, sampler.end = epoch, t0, total
+            loader = data.make_loader(ds, sampler, workers, args.pin_mem and ctx.device.type == "cuda")
+            signals.shield_workers(loader)
+            losses = []
+            for i, (imgs, masks, plan) in enumerate(loader):   # one loader for the run (StepSampler's end)
+                a = i % args.accum_iter
+                if a == 0:
+                    epoch, t = divmod(step, spe)
+                    value = optim.lr_at(epoch + t / spe, lr, args.min_lr, args.warmup_epochs, args.epochs)
+                    optim.set_lr(opt, value)
+                    torch.manual_seed(data.derive_seed(args.seed, ctx.rank, step, 1))  # drop path, dropout
+                    losses = []
+                if decoder is not None:                   # --decode gpu: bytes -> uint8 crops on the device
+                    imgs = decoder(imgs)
+                if graphed is not None:                   # a CUDA graph (accum_iter 1): the whole step
+                    losses.append(graphed.step(imgs, plan).float())
+                    found = graphed.found.clone()
                 else:
-                    opt.step()
-                opt.zero_grad(set_to_none=True)
-            step = _after_step(step, losses, ctx, summary, epoch_losses, rep, epoch, value)
-            epoch_end, last = step % spe == 0, step >= total
-            if epoch_end or last:
-                rep.epoch_end(epoch, sum(epoch_losses) / max(len(epoch_losses), 1), len(epoch_losses))
-                epoch_losses = []
-                if out and (last or (epoch + 1) % args.save_freq == 0):
-                    path = state.checkpoint_name(out, epoch, step, epoch_end)
-                    state.save(path, wrapped, opt, scaler, epoch, step, args, config, ctx,
-                               {"global_batch": sampler.global_batch, "steps_per_epoch": spe})
-                    summary["checkpoint"] = path
-                    rep.print(f"greenmim.pretrain: saved {path} (step {step})")
-                if last or (epoch + 1) % args.vis_freq == 0:
+                    imgs = data.normalize(imgs.to(ctx.device, non_blocking=True))   # uint8 from the workers
+                    plan = plan.to(ctx.device, non_blocking=True)
+                    if args.compile:
+                        plan.mark_dynamic()                   # one graph for every mask (docs/pretraining.md)
+                    gen = None
+                    if args.decoder_order == "released":
+                        gen = torch.Generator().manual_seed(data.derive_seed(args.seed, epoch, t,
+                                                                             a * ctx.world + ctx.rank, 2))
+                    with dist.no_sync(wrapped, ctx, sync=a == args.accum_iter - 1):
+                        with torch.autocast(ctx.device.type, dtype=amp, enabled=amp is not None):
+                            loss = net(imgs, plan, gen)[0]
+                        loss = hooks.poison(loss, step + 1)
+                        scaled = loss / args.accum_iter
+                        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+                    losses.append(loss.detach().float())
+                    if a < args.accum_iter - 1:
+                        continue
+                    found = _optimizer_step(opt, scaler, torch.stack(losses).mean(), params, ctx)
+                    opt.zero_grad(set_to_none=True)
+                step += 1
+                books.pending.append((step, epoch, value, torch.stack(losses).mean(), found))
+                epoch_end, last = step % spe == 0, step >= total
+                milestone = epoch_end and (last or (epoch + 1) % args.save_freq == 0)
+                scheduled = bool(args.save_every_steps) and step % args.save_every_steps == 0
+                if not (len(books.pending) >= readback or epoch_end or last or scheduled):
+                    continue
+                signum, time_due = books.read_back(preemption.signum, saver.due(),
+                                                   graphed.overflows if graphed is not None else None)
+                if signum:
+                    path = saver.save(epoch, step, milestone)
+                    raise Stopped(_preempted_line(signum, step, path, out), signals.exit_code(signum))
+                if epoch_end:
+                    rep.epoch_end(epoch, sum(books.epoch_losses) / max(len(books.epoch_losses), 1),
+                                  len(books.epoch_losses))
+                    books.epoch_losses = []
+                if milestone or last or scheduled or time_due:
+                    saver.save(epoch, step, milestone)
+                if (epoch_end or last) and (last or (epoch + 1) % args.vis_freq == 0):
                     summary.update(_visualise(model, vis_imgs, vis_masks, args, ctx, epoch, rep))
-            if last:
-                break
+                hooks.maybe_die(step)
+                if last:
+                    break
         summary["steps"] = step
+        if decoder is not None:
+            summary.update(decode_fallbacks=decoder.fallbacks, decode_failures=decoder.failures)
+            if decoder.fallbacks or decoder.failures:
+                rep.print(f"greenmim.pretrain: --decode gpu: {decoder.fallbacks} image(s) decoded on the CPU instead, "
+                          f"{decoder.failures} unreadable (a grey image stood in)")
         if graphed is not None:
-            summary["graph_replays"], summary["graph_overflows"] = graphed.replays, graphed.overflows
+            summary.update(graph_replays=graphed.replays, graph_overflows=graphed.overflows,
+                           graph_recaptures=graphed.recaptures, graph_failure=graphed.failure)
             why = (f"the capture failed: {graphed.failure}" if graphed.failure else
-                   f"their plans exceeded the capacity {geometry.capacity}")
+                   f"their plans exceeded the capacity; it grew {graphed.recaptures} time(s)")
             rep.print(f"greenmim.pretrain: CUDA graph: {graphed.replays} step(s) replayed, {graphed.overflows} ran "
                       f"eagerly ({why})")
-            summary["graph_failure"] = graphed.failure
         if args.compile:
             from torch._dynamo.utils import counters
             summary["graphs"] = counters["stats"]["unique_graphs"]
             rep.print(f"greenmim.pretrain: torch.compile: {summary['graphs']} graph(s) compiled over "
                       f"{len(summary['losses'])} steps")
+    except Stopped as e:
+        report.event(rep, event="stopped", at_step=books.done, code=e.code, why=e.line)
+        raise
     finally:
         rep.close()
     return summary
 
 
-def _after_step(step: int, losses: list, ctx, summary: dict, epoch_losses: list, rep, epoch: int,
-                lr: float) -> int:
-    """The bookkeeping of an optimizer step: the mean loss over micro-batches and ranks, its check,
-    the summary and the report. Returns the new step count."""
-    step += 1
-    mean_loss = dist.mean(torch.stack(losses).mean(), ctx)
-    if not math.isfinite(mean_loss):
-        raise LossNotFinite(f"the loss is {mean_loss} at step {step}: stopping (lower --lr or --blr, "
-                            f"or try --amp bf16 / off)")
-    epoch_losses.append(mean_loss)
-    summary["loss"] = mean_loss
-    summary["losses"].append(mean_loss)
-    rep.step(step, epoch, mean_loss, lr)
-    return step
+def _optimizer_step(opt, scaler, loss: torch.Tensor, params, ctx) -> torch.Tensor:
+    """AdamW after the last micro-batch, skipped when the loss or a gradient is not finite; returns
+    the flag (a device tensor, 1.0: skipped). With fp16 the GradScaler decides (it skips steps whose
+    scaled gradients overflow, and lowers the scale: a skip is a scale that went down)."""
+    if scaler is not None:
+        before = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        return torch.tensor(float(scaler.get_scale() < before), device=loss.device)
+    found = optim.nonfinite(loss, params)
+    if ctx.fsdp and ctx.distributed:                   # each rank checked its own shards
+        import torch.distributed as torch_dist
+        torch_dist.all_reduce(found)
+        found = found.clamp_(max=1.0)
+    optim.step_unless(opt, found)
+    return found
 
 
 def _visualise(model, vis_imgs, vis_masks, args, ctx, epoch: int, rep) -> dict:
@@ -193,35 +245,3 @@ def _visualise(model, vis_imgs, vis_masks, args, ctx, epoch: int, rep) -> dict:
     return out
 
 
-def _header(rep, args, model, images, sampler, geometry, lr, amp, ctx, workers, total, resume, step) -> None:
-    n = sum(p.numel() for p in model.parameters())
-    L = model.grid * model.grid
-    keep = int(L * (1 - args.mask_ratio))
-    masks = "one per image" if args.per_sample_masks else f"one per micro-batch of {args.batch_size}"
-    where = f"{workers} loader worker{'s' if workers > 1 else ''}" if workers else "the main process (--num_workers 0)"
-    rep.print(f"greenmim.pretrain: {args.model} ({n / 1e6:.1f} M parameters): {geometry.img_size} px, window "
-              f"{geometry.window}, decoder {model.mask_token.shape[-1]} x {len(model.decoder_blocks)}, decoder order "
-              f"{model.decoder_order}, norm_pix_loss {model.norm_pix_loss}")
-    rep.print(f"  data: {images.describe()}; masks: {masks}, ratio {args.mask_ratio} ({keep} of {L} units "
-              f"visible), drawn and planned in {where}")
-    procs = f"{ctx.world} process{'es' if ctx.world > 1 else ''}"
-    rep.print(f"  {args.batch_size} images x accum {args.accum_iter} x {procs} = {sampler.global_batch} "
-              f"per step; {sampler.steps_per_epoch} steps per epoch; {total} steps "
-              f"({args.epochs} epochs{f', --max_steps {args.max_steps}' if args.max_steps else ''}); lr {lr:.3g} "
-              f"(blr {args.blr:g}), warm-up {args.warmup_epochs:g} epochs, cosine to {args.min_lr:g}; AdamW (0.9, 0.95), "
-              f"weight decay {args.weight_decay:g}")
-    mode = "FSDP2" if ctx.fsdp else ("DDP" if ctx.distributed and not args.cuda_graphs else
-                                     (f"{ctx.world} processes, gradients averaged after each graph" if ctx.distributed
-                                      else "one process"))
-    rep.print(f"  {ctx.device}, {str(amp).replace('torch.', '') if amp else 'float32'}, {mode}"
-              f"{', torch.compile' if args.compile else ''}{', CUDA graphs' if args.cuda_graphs else ''}; output {args.output_dir or '(none)'} (checkpoints every "
-              f"{args.save_freq} epochs, reconstructions every {args.vis_freq}, log.jsonl)")
-    if resume:
-        rep.print(f"  resumed from {resume} at step {step}")
-    if (ctx.device.type == "cuda" and not args.cuda_graphs and not ctx.fsdp and args.accum_iter == 1
-            and args.amp != "fp16" and args.decoder_order != "released"):
-        rep.print("  tip: eager steps are bound by the host's Python; --cuda_graphs replays each step as one CUDA "
-                  "graph (Swin-B's step: 45-80 ms eager, 25-30 ms replayed on H100/H200; docs/pretraining.md)")
-    if ctx.device.type == "cpu" and args.model not in SMALL_MODELS:
-        rep.print(f"  note: {args.model} on a CPU is slow (the ETA below tells how slow); for a first look try "
-                  f"--model green_mim_swin_nano_patch4_dec128b1 --batch_size 16")

@@ -30,19 +30,50 @@ How:
   as they were. So the run trains exactly the steps it reports, and a resumed run continues
   from its checkpoint.
 
-Scope (``args.validate``): CUDA, one process or torchrun without ``--fsdp``, ``--accum_iter 1``,
-bf16 or float32, the greenmim decoder order; Swin and Twins. ``graph_api`` lets tests run the same
-logic on the CPU, with a stand-in that replays by running the captured function again.
+- A non-finite loss or gradient skips the step on the device: the graph computes a flag
+  (``optim.nonfinite``) and hands it to the fused AdamW as ``found_inf``, as GradScaler does, so
+  nothing waits for the host. The trainer reads the flags with the losses, every few steps.
+- When more than 1% of the steps of a window (``grow_window``, 100 steps) overflow, the capacity
+  grows to cover the plans that overflowed, and the step is captured once more (at most
+  ``max_recaptures`` times); the plans the loader padded to the old capacity are padded again.
+
+Scope (``choose``): CUDA by default, one process or torchrun without ``--fsdp``, ``--accum_iter 1``,
+bf16 or float32, the greenmim decoder order; Swin and Twins. Anything else runs eagerly, with one
+line saying why. ``graph_api`` lets tests run the same logic on the CPU, with a stand-in that
+replays by running the captured function again.
 """
 from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 
 from .._arena import ArenaPlan
+from . import optim
+
+
+def choose(args, device: torch.device) -> Tuple[bool, Optional[str]]:
+    """Whether this run's step is captured as a CUDA graph, and when it is not on CUDA, the line
+    that says why (None: nothing to say). On by default on CUDA; ``--eager`` opts out; the CPU
+    runs eagerly (``--cuda_graphs`` there is refused before this)."""
+    if device.type != "cuda" or args.eager:
+        return False, None
+    why = [w for w, bad in (("--fsdp (its collectives run inside the step)", args.fsdp),
+                            (f"--accum_iter {args.accum_iter} (one graph holds one micro-batch)", args.accum_iter != 1),
+                            ("--amp fp16 (its GradScaler reads the device each step; bf16 runs graphed)",
+                             args.amp == "fp16"),
+                            ("--decoder_order released (its permutation is drawn on the host each step)",
+                             args.decoder_order == "released")) if bad]
+    if why:
+        return False, (f"greenmim.pretrain: steps run eagerly, not as a CUDA graph: {'; '.join(why)}. "
+                       f"--eager says so and silences this line")
+    return True, None
+
+
+def _grown(a: tuple, b: tuple) -> tuple:
+    return tuple(tuple(max(x, y) for x, y in zip(sa, sb)) for sa, sb in zip(a, b))
 
 
 class _CudaGraphs:
@@ -101,10 +132,16 @@ class GraphedStep:
 
     def __init__(self, module: torch.nn.Module, loss_fn: Callable, opt: torch.optim.Optimizer,
                  amp: Optional[torch.dtype], device: torch.device, capacity: Optional[tuple] = None,
-                 warmup: int = 3, graph_api=None, grad_sync: Optional[Callable[[torch.Tensor], None]] = None):
+                 warmup: int = 3, graph_api=None, grad_sync: Optional[Callable[[torch.Tensor], None]] = None,
+                 grow_window: int = 100, max_recaptures: int = 3):
         self.module, self.loss_fn, self.opt, self.amp, self.device = module, loss_fn, opt, amp, device
         self.capacity = None if capacity is None else tuple(tuple(c) for c in capacity)
         self.warmup, self.grad_sync = warmup, grad_sync
+        self.grow_window, self.max_recaptures, self.recaptures = grow_window, max_recaptures, 0
+        self._window = [0, 0]            # steps and overflows since the last capture (or window)
+        self._seen = None                # the largest group counts of the window's overflowing plans
+        # 1.0 when this step's loss or a gradient is not finite: the fused AdamW then skips the step
+        self.found = torch.zeros((), dtype=torch.float32, device=device)
         self.api = graph_api if graph_api is not None else _CudaGraphs(device)
         self.graph = self.loss = self.imgs = self.item = None
         self._graph_grads = None         # one process: the gradients the graph writes (its pool)
@@ -134,10 +171,18 @@ class GraphedStep:
         loss.backward()                  # into the views of flat, or fresh gradients
         return loss.detach()
 
+    def _optimizer_step(self, loss: torch.Tensor) -> None:
+        """AdamW, skipped on the device when the loss or a gradient is not finite (a fused AdamW;
+        another optimizer steps regardless, and ``found`` still says so)."""
+        self.found.copy_(optim.nonfinite(loss, self.params))
+        if optim.on_device_skip(self.opt):
+            self.opt.found_inf = self.found
+        self.opt.step()
+
     def _captured(self) -> torch.Tensor:
         loss = self._forward_backward(self.imgs, self.item)
         if self.grad_sync is None:
-            self.opt.step()
+            self._optimizer_step(loss)
         return loss
 
     def _fits(self, imgs: torch.Tensor, item) -> bool:
@@ -163,8 +208,7 @@ class GraphedStep:
         try:
             with self.api.side_stream():  # local steps only: no collective (other processes may not capture now)
                 for _ in range(self.warmup):
-                    self._forward_backward(self.imgs, self.item)
-                    self.opt.step()
+                    self._optimizer_step(self._forward_backward(self.imgs, self.item))
         finally:
             with torch.no_grad():        # the warm-up's updates undone: the run trains what it reports
                 for k, v in self.module.state_dict().items():
@@ -186,7 +230,40 @@ class GraphedStep:
             self._graph_grads = [p.grad for p in self.params]
 
     def step(self, imgs: torch.Tensor, item) -> torch.Tensor:
+        if self.recaptures and isinstance(item, ArenaPlan) and item.group_counts() != self.capacity:
+            try:                         # the loader padded to the first capacity: pad to the grown one
+                item = item.padded(self.capacity)
+            except Exception:  # noqa: BLE001 - beyond the grown capacity too: an overflow
+                pass
+        loss = self._step(imgs, item)
+        self._window[0] += 1
+        if self._window[0] >= self.grow_window:
+            self._maybe_grow()
+        return loss
+
+    def _maybe_grow(self) -> None:
+        """More than 1% of the window's steps overflowed: the capacity grows to cover their plans,
+        and the next step is captured once more."""
+        steps, over = self._window
+        self._window = [0, 0]
+        seen, self._seen = self._seen, None
+        if over * 100 <= steps or seen is None or self.capacity is None or self.recaptures >= self.max_recaptures \
+                or self.failure is not None:
+            return
+        self.capacity = _grown(self.capacity, seen)
+        self.recaptures += 1
+        self.graph = self.loss = self.imgs = self.item = None   # the old graph and its pool freed
+        if self._graph_grads is not None:
+            for p in self.params:
+                p.grad = None
+            self._graph_grads = None
+
+    def _step(self, imgs: torch.Tensor, item) -> torch.Tensor:
         if not self._fits(imgs, item):
+            if isinstance(item, ArenaPlan) and self.capacity is not None:
+                counts = tuple(tuple(c) for c in item.group_counts())
+                self._seen = counts if self._seen is None else _grown(self._seen, counts)
+            self._window[1] += 1
             return self._eager(imgs, item)
         if self.graph is None:
             try:
@@ -204,7 +281,7 @@ class GraphedStep:
         loss = self.loss.clone()
         if self.grad_sync is not None:
             self.grad_sync(self.flat)
-            self.opt.step()
+            self._optimizer_step(loss)
         return loss
 
     def _eager(self, imgs: torch.Tensor, item) -> torch.Tensor:
@@ -214,7 +291,7 @@ class GraphedStep:
         loss = self._forward_backward(imgs.to(self.device, non_blocking=True), item.to(self.device, non_blocking=True))
         if self.grad_sync is not None:
             self.grad_sync(self.flat)
-        self.opt.step()
+        self._optimizer_step(loss)
         if self._graph_grads is not None:  # this step's gradients freed; grad reads the graph's again
             for p, g in zip(self.params, self._graph_grads):
                 p.grad = g

@@ -53,3 +53,32 @@ def set_lr(opt: torch.optim.Optimizer, value: float) -> None:
             g["lr"].fill_(value)
         else:
             g["lr"] = value
+
+
+def nonfinite(loss: torch.Tensor, params) -> torch.Tensor:
+    """1.0 (a float32 tensor on the loss's device) when the loss or any gradient holds a NaN or an
+    infinity, else 0.0; computed on the device, nothing read back. The gradients' largest
+    magnitudes come from one multi-tensor kernel (``_foreach_norm``, ord inf), which propagates a
+    NaN; FSDP2's sharded gradients are checked shard by shard (the caller all-reduces the flag)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    worst = [loss.detach().float().reshape(1)]
+    if grads:
+        worst.append(torch.stack(torch._foreach_norm(grads, float("inf"))).float().max().reshape(1))
+    return (~torch.isfinite(torch.cat(worst))).any().float()
+
+
+def on_device_skip(opt: torch.optim.Optimizer) -> bool:
+    """Whether ``opt`` skips a step on the device when ``opt.found_inf`` is 1 (torch's fused AdamW,
+    as GradScaler drives it): then nothing waits for the host."""
+    return bool(opt.defaults.get("fused"))
+
+
+def step_unless(opt: torch.optim.Optimizer, found: torch.Tensor) -> None:
+    """``opt.step()`` unless ``found`` (``nonfinite``) is 1: on the device with a fused AdamW (the
+    step count is not advanced either), else decided on the host (one read of the flag)."""
+    if on_device_skip(opt):
+        opt.found_inf = found
+        opt.step()
+    elif not bool(found):
+        opt.step()

@@ -6,10 +6,8 @@ into timm's)."""
 from __future__ import annotations
 
 import datetime
-import glob
 import os
 import random
-import re
 from typing import Optional, Tuple
 
 import torch
@@ -70,25 +68,19 @@ def save(path: str, model, opt, scaler, epoch: int, step: int, args, config: dic
     return path
 
 
-def checkpoint_name(output_dir: str, epoch: int, step: int, epoch_end: bool) -> str:
-    """``checkpoint-<epoch>.pth`` after an epoch (the released name), ``checkpoint-<epoch>-step<step>.pth``
-    when a run stops inside one (--max_steps)."""
-    return os.path.join(output_dir, f"checkpoint-{epoch}.pth" if epoch_end else f"checkpoint-{epoch}-step{step}.pth")
+def checkpoint_name(output_dir: str, epoch: int, step: int, milestone: bool) -> str:
+    """``checkpoint-<epoch>.pth`` for a milestone at an epoch's end (--save_freq, the end of the
+    schedule: the released name, never pruned), ``checkpoint-<epoch>-step<step>.pth`` for every other
+    save (--save_every_*, a preemption, --max_steps inside an epoch; --keep_last prunes them)."""
+    return os.path.join(output_dir, f"checkpoint-{epoch}.pth" if milestone else f"checkpoint-{epoch}-step{step}.pth")
 
 
 def latest(output_dir: str) -> Optional[str]:
-    """The checkpoint of ``output_dir`` with the most optimizer steps (temporary files ignored)."""
-    best, best_step = None, -1
-    for p in glob.glob(os.path.join(output_dir, "checkpoint-*.pth")):
-        if not re.fullmatch(r"checkpoint-\d+(-step\d+)?\.pth", os.path.basename(p)):
-            continue
-        try:
-            step = int(torch.load(p, map_location="cpu", mmap=True, weights_only=False).get("step", -1))
-        except Exception:  # noqa: BLE001 - an unreadable file is not a candidate
-            continue
-        if step > best_step:
-            best, best_step = p, step
-    return best
+    """The checkpoint of ``output_dir`` with the most optimizer steps, among those whose header
+    reads (temporary files ignored; checkpoints.newest_valid also checks the whole file)."""
+    from . import checkpoints
+    found = checkpoints.candidates(output_dir)
+    return found[0][1] if found else None
 
 
 def _describe(cfg: dict) -> str:
@@ -109,11 +101,15 @@ def check_config(saved: dict, config: dict, path: str) -> None:
 _STEP_FLAGS = ("fused", "foreach", "capturable", "differentiable")
 
 
-def load(path: str, model, opt, scaler, config: dict, ctx: Context) -> Tuple[int, int]:
-    """Restores model, optimizer, scaler and RNG states; returns (epoch, step) to continue from."""
-    obj = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(obj, dict) or "model" not in obj:
-        raise UsageError(f"--resume {path}: not a training checkpoint (no 'model' entry)")
+def load(path: str, model, opt, scaler, config: dict, ctx: Context, obj: Optional[dict] = None) -> Tuple[int, int]:
+    """Restores model, optimizer, scaler and RNG states from ``path`` (or from ``obj``, its
+    contents already read by checkpoints.read); returns (epoch, step) to continue from."""
+    if obj is None:
+        from . import checkpoints
+        try:
+            obj = checkpoints.read(path)
+        except checkpoints.CheckpointError as e:
+            raise UsageError(f"--resume {path}: {e}") from None
     sd = obj["model"]
     if ckpt_io.is_released(sd):
         raise UsageError(f"--resume {path} is a released GreenMIM checkpoint: it holds no greenmim training state. "
@@ -130,7 +126,7 @@ def load(path: str, model, opt, scaler, config: dict, ctx: Context) -> Tuple[int
         set_optimizer_state_dict(model, opt, obj["optimizer"], options=o)
     else:
         unwrap(model).load_state_dict(sd)
-        # how this run steps (fused, capturable for --cuda_graphs, ...) is its own, not the checkpoint's
+        # how this run steps (fused, capturable for CUDA graphs, ...) is its own, not the checkpoint's
         flags = [{k: g[k] for k in _STEP_FLAGS if k in g} for g in opt.param_groups]
         opt.load_state_dict(obj["optimizer"])
         for g, f in zip(opt.param_groups, flags):

@@ -1,0 +1,16 @@
+//! \file attention_bwd_fp16.cu
+//! The backward attention kernels for float16 (SIMT and tensor-core kernels), head_dim 32 and 64: one
+//! instantiation file per element type, as FlashAttention's, so that the backward compiles in
+//! parallel (detail/attention_bwd_run.cuh; the entry points are in attention_bwd.cu).
+#include "detail/attention_bwd_run.cuh"
+
+namespace greenmim {
+namespace detail {
+namespace cuda {
+
+template cudaError_t run_bwd_d<__half>(const gm_attention_bwd_args& a, const attn_dims& d, const bwd_layout& ws, bool use_mma,
+                      void* workspace, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace detail
+}  // namespace greenmim
