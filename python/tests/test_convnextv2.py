@@ -231,3 +231,61 @@ def test_bad_masks_are_refused():
         VisibleConvNeXtV2("convnext_atto")
     with pytest.raises(ValueError, match="grn"):
         VisibleConvNeXtV2("convnextv2_atto", grn="global")
+
+
+# ---- FCMAE ---------------------------------------------------------------------------------------
+
+def _fcmae():
+    from greenmim.fcmae import FCMAE
+    torch.manual_seed(0)
+    model = FCMAE("convnextv2_atto", img_size=64, decoder_embed_dim=32).double()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "grn" in n:
+                p.normal_(0, 0.5)
+    return model
+
+
+def test_fcmae_equals_a_dense_masked_fcmae():
+    """The released FCMAE's forward written densely: the masked oracle's last stage, proj, mask
+    tokens at the masked units, the dense decoder, pred; norm-pix MSE on the masked units."""
+    model = _fcmae()
+    g = torch.Generator().manual_seed(4)
+    vis = model.random_masks(3, generator=g)
+    assert tuple(vis.shape) == (3, 2, 2) and bool((vis.sum((1, 2)) == 1).all())    # int(4 * 0.4) visible
+    img = torch.randn(3, 3, 64, 64, dtype=D, generator=g)
+    loss, pred, mask = model(img, vis)
+    x = model.proj(masked_oracle(model.encoder, img, vis))
+    m = (~vis).unsqueeze(1).to(D)
+    x = model.pred(model.decoder(x * (1 - m) + model.mask_token * m))
+    want_pred = x.flatten(2).transpose(1, 2)
+    target = img.reshape(3, 3, 2, 32, 2, 32).permute(0, 2, 4, 3, 5, 1).reshape(3, 4, 3072)
+    target = (target - target.mean(-1, keepdim=True)) / (target.var(-1, keepdim=True) + 1e-6) ** 0.5
+    want_mask = (~vis).reshape(3, 4).to(D)
+    want = (((want_pred - target) ** 2).mean(-1) * want_mask).sum() / want_mask.sum()
+    torch.testing.assert_close(pred, want_pred, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(mask, want_mask.float())
+    torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-12)
+    params = list(model.parameters())
+    got = torch.autograd.grad(loss, params, allow_unused=True)
+    exp = torch.autograd.grad(want, params, allow_unused=True)
+    for (name, _), a, e in zip(model.named_parameters(), got, exp):
+        if e is None:
+            assert a is None or float(a.abs().max()) == 0, name
+        else:
+            torch.testing.assert_close(a, e, rtol=1e-9, atol=1e-10, msg=lambda s: f"{name}: {s}")
+
+
+def test_fcmae_export_loads_in_timm_and_bad_input_is_refused():
+    import timm
+    from greenmim.fcmae import export_encoder
+    model = _fcmae()
+    ref = timm.create_model("convnextv2_atto", pretrained=False, num_classes=0).double().eval()
+    ref.load_state_dict(export_encoder(model), strict=True)
+    img = torch.randn(2, 3, 64, 64, dtype=D)
+    tokens, plan = model.encoder.eval()(img, torch.ones(2, 2, 2, dtype=torch.bool))
+    torch.testing.assert_close(model.encoder.to_dense(tokens, plan), ref.forward_features(img), rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="nothing to reconstruct"):
+        model(img, torch.ones(2, 2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"\[B, 2, 2\] masks"):
+        model(img, torch.ones(2, 7, 7, dtype=torch.bool))
