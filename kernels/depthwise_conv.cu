@@ -1,5 +1,6 @@
 //! \file depthwise_conv.cu
-//! The depthwise 3x3 submanifold conv of Twins' PEG on visible tokens, forward and backward
+//! The depthwise k x k submanifold conv on visible tokens (Twins' PEG: 3 x 3; ConvNeXt: 7 x 7; any
+//! odd k up to 7), forward and backward
 //! (docs/sparse-conv.md; neighbour tables from include/greenmim/sparse_conv.hpp, built on the
 //! host). fp32/fp16/bf16 features, fp32 weights and accumulation. This file is the entry point:
 //! argument checks, the workspace size, the launchers (which path, which grid) and the C ABI.
@@ -16,6 +17,9 @@
 //!   1) over its tokens and samples in a fixed order, the block sums its token rows in shared
 //!   memory in a fixed order into one partial per piece, and a second kernel sums the pieces'
 //!   partials in ascending order (no float atomics).
+//! - dw_taps.cuh: every other odd k (1, 5, 7), forward, dx, dweight and dbias, k a runtime value:
+//!   one token a thread, the stencil a row at a time; dweight cut and summed as dw_grad.cuh's, a
+//!   CTA per tap row. k = 3 always takes the kernels above (their bits and registers).
 //! - dw_weights.cuh (the block's weights in shared memory, tap-major), row_io.cuh (row loads and
 //!   stores), ptx.cuh (predicated loads), conv_split.hpp (grids and pieces: host arithmetic).
 //! Table entries outside [0, N) read as zero (never an out-of-bounds access).
@@ -29,6 +33,7 @@
 #include "detail/device_common.cuh"
 #include "detail/dw_apply.cuh"
 #include "detail/dw_grad.cuh"
+#include "detail/dw_taps.cuh"
 #include "detail/dw_weights.cuh"
 #include "detail/host_checks.hpp"
 #include "detail/launch.cuh"
@@ -42,14 +47,18 @@ cudaError_t check_dw_args(const gm_depthwise_conv_args* a, bool backward) {
   clear_refusal();
   GM_REFUSE_IF(a == nullptr, "args is null");
   GM_REFUSE_IF(!valid_dtype(a->dtype), "dtype must be GM_FLOAT32, GM_FLOAT16 or GM_BFLOAT16");
-  GM_REFUSE_IF(a->kernel != 3, "kernel must be 3 (the kernels implement PEG's 3x3; the CPU reference takes any odd k)");
+  GM_REFUSE_IF(a->kernel % 2 == 0, "kernel must be odd (a submanifold stencil is centred on its token)");
+  GM_REFUSE_IF(a->kernel < 1 || a->kernel > k_dwk_max_kernel,
+               "kernel must be 1, 3, 5 or 7 (the kernels' stencils; the CPU reference takes any odd k up to 15)");
   GM_REFUSE_IF(a->x.rank != 3, "x must have rank 3");
   const std::int64_t B = a->x.extent[0], N = a->x.extent[1], C = a->x.extent[2];
+  const std::int64_t taps = static_cast<std::int64_t>(a->kernel) * a->kernel;
   GM_REFUSE_IF(B < 0 || N < 0 || C < 0, "negative extent");
   // B < 2^30: the forward's sample index b + grid.z (grid.z <= 65535) stays an int
-  GM_REFUSE_IF(N > 0x7fffffff / k_dw_taps || C > 0x7fffffff / (k_dw_taps + 1) || B >= (std::int64_t(1) << 30),
-               "extents too large (B < 2^30, N <= 238,609,294)");
-  GM_REFUSE_IF(C > 65535LL * k_dw_max_groups, "too many channels (C > 2,097,120)");
+  GM_REFUSE_IF(N > 0x7fffffff / taps || C > 0x7fffffff / (taps + 1) || B >= (std::int64_t(1) << 30),
+               "extents too large (B < 2^30, N * k * k < 2^31, C * (k * k + 1) < 2^31)");
+  GM_REFUSE_IF(a->kernel == 3 && C > 65535LL * k_dw_max_groups, "too many channels (C > 2,097,120)");
+  GM_REFUSE_IF(a->kernel != 3 && C > 65535LL * k_dwk_groups, "too many channels (C > 1,048,560 for k != 3)");
   const std::size_t es = dtype_bytes(a->dtype);
   const std::int64_t e[3] = {B, N, C};
   GM_TRY(check_tensor(a->x, 3, e, es, true, false, "x must be [B, N, C], element-aligned, unit last stride"));
@@ -73,6 +82,9 @@ std::size_t dw_workspace_bytes(const gm_depthwise_conv_args* a) {
   if (a->dweight == nullptr && a->dbias == nullptr) return 0;
   const std::int64_t B = a->x.extent[0], N = a->x.extent[1], C = a->x.extent[2];
   if (B == 0 || N == 0 || C == 0) return 0;
+  if (a->kernel != 3)
+    return static_cast<std::size_t>(dw_grad_split_taps(N, B, C, a->kernel).parts() * C *
+                                    (static_cast<std::int64_t>(a->kernel) * a->kernel + 1)) * sizeof(float);
   return static_cast<std::size_t>(dw_grad_split_for(N, B, C).parts() * C * (k_dw_taps + 1)) * sizeof(float);
 }
 
@@ -170,6 +182,92 @@ cudaError_t run_dw_bwd(const gm_depthwise_conv_args* a, void* workspace, cudaStr
                 0, stream, static_cast<const float*>(workspace), g.split.parts(), C, a->dweight, a->dbias);
 }
 
+
+// ---- any other odd k (dw_taps.cuh) ------------------------------------------------------------
+
+template <class T, int V>
+cudaError_t launch_dw_apply_taps(dw_taps_params p, cudaStream_t stream) {
+  const int groups = p.channels / V;
+  p.gb = dw_taps_block_groups(groups);
+  const std::int64_t rows = k_dw_threads / p.gb, cblocks = (groups + p.gb - 1) / p.gb;
+  const std::int64_t tiles = (p.tokens + rows - 1) / rows;
+  const dw_apply_split sp = dw_apply_split_for(tiles, cblocks, p.batch);
+  p.tiles_per_cta = sp.tiles_per_cta;
+  const dim3 grid(static_cast<unsigned>(sp.grid_x), static_cast<unsigned>(cblocks), static_cast<unsigned>(sp.grid_z));
+  if (dw_offsets_fit_int32(p.tokens, p.in_s1, p.channels))
+    return launch(dw_apply_taps<T, V, std::uint32_t>, grid, k_dw_threads, 0, stream, p);
+  return launch(dw_apply_taps<T, V, std::int64_t>, grid, k_dw_threads, 0, stream, p);
+}
+
+dw_taps_params taps_params(const gm_depthwise_conv_args* a, const gm_tensor& in, const gm_tensor& out) {
+  dw_taps_params p;
+  p.in = in.data;
+  p.res = a->residual ? in.data : nullptr;
+  p.out = out.data;
+  p.in_s0 = in.stride[0]; p.in_s1 = in.stride[1];
+  p.out_s0 = out.stride[0]; p.out_s1 = out.stride[1];
+  p.nbr = a->nbr;
+  p.w = a->weight;
+  p.batch = static_cast<int>(a->x.extent[0]);
+  p.tokens = static_cast<int>(a->x.extent[1]);
+  p.channels = static_cast<int>(a->x.extent[2]);
+  p.kernel = a->kernel;
+  return p;
+}
+
+template <class T>
+cudaError_t run_dw_taps_fwd(const gm_depthwise_conv_args* a, cudaStream_t stream) {
+  dw_taps_params p = taps_params(a, a->x, a->y);
+  p.bias = a->bias;
+  if (p.batch == 0 || p.tokens == 0 || p.channels == 0) return cudaSuccess;
+  return dw_vectorizable(a, false) ? launch_dw_apply_taps<T, 8>(p, stream) : launch_dw_apply_taps<T, 1>(p, stream);
+}
+
+template <class T>
+cudaError_t run_dw_taps_bwd(const gm_depthwise_conv_args* a, void* workspace, cudaStream_t stream) {
+  const int B = static_cast<int>(a->x.extent[0]), N = static_cast<int>(a->x.extent[1]), C = static_cast<int>(a->x.extent[2]);
+  const int k = a->kernel, taps = k * k;
+  const bool vec = dw_vectorizable(a, true);
+  if (C > 0 && (a->dweight || a->dbias) && (B == 0 || N == 0)) {  // empty batch: zero gradients
+    if (a->dweight) GM_TRY(cudaMemsetAsync(a->dweight, 0, static_cast<std::size_t>(C) * taps * sizeof(float), stream));
+    if (a->dbias) GM_TRY(cudaMemsetAsync(a->dbias, 0, static_cast<std::size_t>(C) * sizeof(float), stream));
+  }
+  if (B == 0 || N == 0 || C == 0) return cudaSuccess;
+  dw_taps_params p = taps_params(a, a->dy, a->dx);
+  p.mirrored = 1;
+  GM_TRY((vec ? launch_dw_apply_taps<T, 8>(p, stream) : launch_dw_apply_taps<T, 1>(p, stream)));
+  if (!a->dweight && !a->dbias) return cudaSuccess;
+  dw_grad_taps_params g;
+  g.x = a->x.data;
+  g.dy = a->dy.data;
+  g.x_s0 = a->x.stride[0]; g.x_s1 = a->x.stride[1];
+  g.dy_s0 = a->dy.stride[0]; g.dy_s1 = a->dy.stride[1];
+  g.nbr = a->nbr;
+  g.partial = static_cast<float*>(workspace);
+  g.batch = B;
+  g.tokens = N;
+  g.channels = C;
+  g.kernel = k;
+  g.split = dw_grad_split_taps(N, B, C, k);
+  const int groups = vec ? C / 2 : C;
+  g.gb = dw_block_groups((C + 1) / 2);  // from C alone (the sums' order must not depend on alignment)
+  const std::int64_t cblocks = (groups + g.gb - 1) / g.gb;
+  const dim3 grid(static_cast<unsigned>(cblocks * k), static_cast<unsigned>(g.split.tiles),
+                  static_cast<unsigned>(g.split.chunks));
+  const bool off32 = dw_offsets_fit_int32(N, g.x_s1, C) && dw_offsets_fit_int32(N, g.dy_s1, C);
+  if (vec && off32)
+    GM_TRY((launch(dw_grad_taps_partial<T, 2, std::uint32_t>, grid, k_dw_threads, 0, stream, g)));
+  else if (vec)
+    GM_TRY((launch(dw_grad_taps_partial<T, 2, std::int64_t>, grid, k_dw_threads, 0, stream, g)));
+  else if (off32)
+    GM_TRY((launch(dw_grad_taps_partial<T, 1, std::uint32_t>, grid, k_dw_threads, 0, stream, g)));
+  else
+    GM_TRY((launch(dw_grad_taps_partial<T, 1, std::int64_t>, grid, k_dw_threads, 0, stream, g)));
+  const std::int64_t outs = static_cast<std::int64_t>(C) * (taps + 1);
+  return launch(dw_grad_taps_reduce, dim3(static_cast<unsigned>((outs + 31) / 32)), k_dw_red_threads, 0, stream,
+                static_cast<const float*>(workspace), g.split.parts(), C, taps, a->dweight, a->dbias);
+}
+
 }  // namespace
 }  // namespace cuda
 }  // namespace detail
@@ -184,7 +282,10 @@ extern "C" cudaError_t gm_depthwise_conv_fwd_can_implement(const gm_depthwise_co
 extern "C" cudaError_t gm_depthwise_conv_fwd(const gm_depthwise_conv_args* args, cudaStream_t stream) {
   return no_throw([&]() -> cudaError_t {
     GM_TRY(check_dw_args(args, false));
-    return with_element_type(args->dtype, [&](auto t) { return run_dw_fwd<typename decltype(t)::type>(args, stream); });
+    return with_element_type(args->dtype, [&](auto t) {
+      using T = typename decltype(t)::type;
+      return args->kernel == 3 ? run_dw_fwd<T>(args, stream) : run_dw_taps_fwd<T>(args, stream);
+    });
   });
 }
 
@@ -209,6 +310,9 @@ extern "C" cudaError_t gm_depthwise_conv_bwd(const gm_depthwise_conv_args* args,
     GM_REFUSE_IF(workspace_bytes < need, "workspace too small (gm_depthwise_conv_bwd_workspace_size)");
     GM_REFUSE_IF(need > 0 && (workspace == nullptr || reinterpret_cast<std::uintptr_t>(workspace) % 16 != 0),
                  "workspace must be non-null and 16-byte aligned");
-    return with_element_type(args->dtype, [&](auto t) { return run_dw_bwd<typename decltype(t)::type>(args, workspace, stream); });
+    return with_element_type(args->dtype, [&](auto t) {
+      using T = typename decltype(t)::type;
+      return args->kernel == 3 ? run_dw_bwd<T>(args, workspace, stream) : run_dw_taps_bwd<T>(args, workspace, stream);
+    });
   });
 }

@@ -27,6 +27,7 @@ from .twins_plan import TwinsPlan, TwinsPlanSpec, plan_twins
 from .swin import VisibleSwinTransformer
 from .swinv2 import VisibleSwinTransformerV2
 from .twins import VisibleTwins
+from .convnextv2 import VisibleConvNeXtV2
 from . import checkpoint, ops, testing  # noqa: F401  (greenmim.ops, greenmim.testing)
 from .checkpoint import load_pretrained
 from .layers import set_activation_recompute
@@ -35,7 +36,7 @@ from .mim import GreenMIM, create_model, model_names
 __version__ = "0.1.0"
 __all__ = [
     "GreenmimError", "create_model", "model_names", "GreenMIM", "VisibleSwinTransformer", "VisibleSwinTransformerV2",
-    "VisibleTwins", "plan_masks", "MaskPlan", "random_masks", "group_capacity", "plan_twins", "TwinsPlan",
+    "VisibleTwins", "VisibleConvNeXtV2", "plan_masks", "MaskPlan", "random_masks", "group_capacity", "plan_twins", "TwinsPlan",
     "TwinsPlanSpec", "group_window_attention", "group_window_attention_packed", "load_pretrained",
     "set_activation_recompute", "emulate_cuda", "clear_cache",
 ]

@@ -8,7 +8,8 @@
   docs/perf/NVIDIA_H200_2026-11-26e/); ``fused`` asks for the kernels.
 - ``emulate_cuda()``: CPU tensors through the kernels on the CPU emulator (libgreenmim_emu).
 
-Tables are int32 tensors on the features' device: the 3x3 neighbour table ``[N, 9]`` and the
+Tables are int32 tensors on the features' device: the k x k neighbour table ``[N, k*k]`` (k odd:
+the weight's; the kernels take k up to 7, the reference up to 15) and the
 block table ``[N_next, s*s]`` (-1 = a masked input, read as zero). This file checks, converts and
 calls; the arithmetic is in the libraries.
 """
@@ -57,13 +58,20 @@ def _check_features(where: str, x: Tensor, weight: Tensor, bias: Optional[Tensor
 
 
 def check_depthwise(x: Tensor, nbr: Tensor, weight: Tensor, bias: Optional[Tensor]) -> None:
-    where = "depthwise conv 3x3"
+    """A k x k depthwise conv's arguments (k odd, from the weight): weight [C, 1, k, k] and a
+    neighbour table [N, k*k] of x's N tokens; a table of another k or another mask is refused."""
+    k = weight.shape[-1] if weight.dim() == 4 else 0
+    where = f"depthwise conv {k}x{k}" if k else "depthwise conv"
     _check_features(where, x, weight, bias)
     C = x.shape[2]
-    if tuple(weight.shape) != (C, 1, 3, 3):
-        raise GreenmimError(f"greenmim: {where}: weight must be [C, 1, 3, 3] = [{C}, 1, 3, 3] (a depthwise Conv2d's), "
-                            f"got {tuple(weight.shape)}")
-    _check_table(where, x, nbr, x.shape[1], 9, "neighbour table")
+    if weight.dim() != 4 or tuple(weight.shape[:3]) != (C, 1, k) or k % 2 == 0:
+        raise GreenmimError(f"greenmim: {where}: weight must be [C, 1, k, k] = [{C}, 1, k, k] with k odd (a depthwise "
+                            f"Conv2d's), got {tuple(weight.shape)}")
+    if nbr.dim() == 2 and nbr.shape[1] != k * k:
+        r = round(nbr.shape[1] ** 0.5)
+        raise GreenmimError(f"greenmim: {where}: a {k}x{k} weight with a {r}x{r} neighbour table "
+                            f"{tuple(nbr.shape)}: build the table with kernel={k}")
+    _check_table(where, x, nbr, x.shape[1], k * k, "neighbour table")
 
 
 def check_block(x: Tensor, gather: Tensor, weight: Tensor, bias: Optional[Tensor]) -> None:
@@ -111,14 +119,15 @@ def depthwise_fwd(x: Tensor, nbr: Tensor, weight: Tensor, bias: Optional[Tensor]
     y = x.new_empty(x.shape)
     if y.numel() == 0:
         return y
-    w, b = _weights(weight, x).view(-1, 9), _weights(bias, x)
+    k = weight.shape[-1]
+    w, b = _weights(weight, x).view(-1, k * k), _weights(bias, x)
     if uses_kernels(x):
         lib = _kernel_lib(x)
-        a = _DW.new(_lib.GM_DTYPES[x.dtype], *_tf(_rows(x)), *_tf(y), *_NULL, *_NULL, nbr.data_ptr(), 3, w.data_ptr(),
+        a = _DW.new(_lib.GM_DTYPES[x.dtype], *_tf(_rows(x)), *_tf(y), *_NULL, *_NULL, nbr.data_ptr(), k, w.data_ptr(),
                     _ptr(b), 0, 0, int(residual))
         _lib.kernel_check(lib, lib.gm_depthwise_conv_fwd(ctypes.byref(a), _stream(x)), "depthwise conv forward")
     else:
-        a = _host_args(x, nbr, 3, residual, y=y, weight=w, bias=b)
+        a = _host_args(x, nbr, k, residual, y=y, weight=w, bias=b)
         _lib.host_check(_lib.host().gmh_depthwise_conv_fwd(ctypes.byref(a)), "depthwise conv forward")
     return y
 
@@ -140,15 +149,16 @@ def depthwise_bwd(dy: Tensor, x: Tensor, nbr: Tensor, weight: Tensor, residual: 
     dw, db = _grads(x, weight, need_dw, need_db, written=uses_kernels(x) and x.numel() > 0)
     if x.numel() == 0:
         return dx, dw, db
-    w = _weights(weight, x).view(-1, 9)
-    dw9 = dw.view(-1, 9) if dw is not None else None
+    k = weight.shape[-1]
+    w = _weights(weight, x).view(-1, k * k)
+    dwk = dw.view(-1, k * k) if dw is not None else None
     if uses_kernels(x):
         lib = _kernel_lib(x)
-        a = _DW.new(_lib.GM_DTYPES[x.dtype], *_tf(_rows(x)), *_NULL, *_tf(_rows(dy)), *_tf(dx), nbr.data_ptr(), 3,
-                    w.data_ptr(), 0, _ptr(dw9), _ptr(db), int(residual))
+        a = _DW.new(_lib.GM_DTYPES[x.dtype], *_tf(_rows(x)), *_NULL, *_tf(_rows(dy)), *_tf(dx), nbr.data_ptr(), k,
+                    w.data_ptr(), 0, _ptr(dwk), _ptr(db), int(residual))
         call_with_workspace(lib, "gm_depthwise_conv_bwd", a, x, "depthwise conv backward")
     else:
-        a = _host_args(x, nbr, 3, residual, dy=dy, dx=dx, weight=w, dweight=dw9, dbias=db)
+        a = _host_args(x, nbr, k, residual, dy=dy, dx=dx, weight=w, dweight=dwk, dbias=db)
         _lib.host_check(_lib.host().gmh_depthwise_conv_bwd(ctypes.byref(a)), "depthwise conv backward")
     return dx, dw, db
 

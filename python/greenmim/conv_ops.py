@@ -2,16 +2,18 @@
 custom ops, with fakes and registered autograd like the attention (ops.py), so
 ``torch.compile(fullgraph=True)`` traces them as opaque nodes.
 
-- ``submanifold_depthwise_conv3x3(x, table, weight, bias=None, residual=False)``: the 3x3
-  depthwise conv (stride 1, padding 1) at the visible tokens, masked neighbours and sites outside
-  the grid read as zero; ``residual`` adds ``x`` (Twins' ``PosConv``). ``table`` is a
-  :class:`greenmim.conv_tables.NeighborTable`.
+- ``submanifold_depthwise_conv(x, table, weight, bias=None, residual=False)``: the k x k
+  depthwise conv (k odd, stride 1, padding k/2: Twins' PEG 3x3, ConvNeXt's 7x7) at the visible
+  tokens, masked neighbours and sites outside the grid read as zero; ``residual`` adds ``x``
+  (Twins' ``PosConv``). ``table`` is a :class:`greenmim.conv_tables.NeighborTable` of the same k.
+  ``submanifold_depthwise_conv3x3`` is the same with a 3x3 weight. The ops keep their first
+  names (``greenmim::depthwise_conv3x3_fwd`` / ``_bwd``) and take any odd k.
 - ``block_conv(x, table, weight, bias=None)``: the kernel = stride = s conv, ``[B, N, C_in] ->
   [B, N_next, C_out]``; an output exists for every s x s block with a visible input (spconv's
   rule) and its masked inputs read as zero. ``table`` is a :class:`greenmim.conv_tables.BlockTable`.
 
 Both equal a dense ``torch.nn.functional.conv2d`` over the zero-filled grid, read at the output
-cells. Weights are the dense ``nn.Conv2d`` parameters (``[C, 1, 3, 3]``, ``[C_out, C_in, s, s]``).
+cells. Weights are the dense ``nn.Conv2d`` parameters (``[C, 1, k, k]``, ``[C_out, C_in, s, s]``).
 
 Where they run: a block table that is a reshape (a Twins plan's, whole blocks in block-major
 order) makes the block conv one ``F.linear`` over a view of x, on every device. Otherwise CUDA
@@ -161,19 +163,33 @@ def _autocast(x: Tensor) -> Tensor:
     return x
 
 
-def submanifold_depthwise_conv3x3(x: Tensor, table: NeighborTable, weight: Tensor, bias: Optional[Tensor] = None,
-                                  residual: bool = False, algo: str = "auto") -> Tensor:
-    """Depthwise 3x3 conv on the visible tokens: ``[B, N, C] -> [B, N, C]`` (``[1, sum N_b, C]``
-    with per-sample masks). Output at exactly the input's tokens; masked neighbours and sites
-    outside the grid count as zero (a submanifold conv). ``weight`` ``[C, 1, 3, 3]``, ``bias``
-    ``[C]`` or None, ``residual``: ``+ x`` (Twins' PEG). Differentiable in x, weight and bias."""
+def submanifold_depthwise_conv(x: Tensor, table: NeighborTable, weight: Tensor, bias: Optional[Tensor] = None,
+                               residual: bool = False, algo: str = "auto") -> Tensor:
+    """Depthwise k x k conv on the visible tokens (k odd, from ``weight`` ``[C, 1, k, k]``: Twins'
+    PEG 3x3, ConvNeXt's 7x7): ``[B, N, C] -> [B, N, C]`` (``[1, sum N_b, C]`` with per-sample
+    masks). Output at exactly the input's tokens; masked neighbours and sites outside the grid
+    count as zero (a submanifold conv). ``table``: the :func:`greenmim.conv_tables.neighbor_table` of x's stage
+    mask built with the same ``kernel`` (a table of another k or another mask is refused with the
+    reason), ``bias`` ``[C]`` or None, ``residual``: ``+ x``. CUDA runs k up to 7 (the kernels'
+    stencils), the CPU reference any odd k up to 15. Differentiable in x, weight and bias."""
     if not isinstance(table, NeighborTable):
-        raise GreenmimError(f"greenmim: depthwise conv 3x3: the table must be a greenmim.conv_tables.NeighborTable, got "
-                                     f"{type(table).__name__}")
+        raise GreenmimError(f"greenmim: depthwise conv: the table must be a greenmim.conv_tables.NeighborTable, got "
+                            f"{type(table).__name__}")
     _check_algo(algo)    # every path is the op: on the CPU the reference beats torch here (docs/sparse-conv.md)
-    check_devices("depthwise conv 3x3", x, neighbor_table=table.nbr, weight=weight, bias=bias)
+    check_devices("depthwise conv", x, neighbor_table=table.nbr, weight=weight, bias=bias)
+    cb.check_depthwise(x, table.nbr, weight, bias)   # before the op: k and the table's tokens, with the reason
     check_table_values(table)
     return _dispatch.call("depthwise_conv3x3_fwd", _autocast(x), table.nbr, weight, bias, bool(residual))
+
+
+def submanifold_depthwise_conv3x3(x: Tensor, table: NeighborTable, weight: Tensor, bias: Optional[Tensor] = None,
+                                  residual: bool = False, algo: str = "auto") -> Tensor:
+    """:func:`submanifold_depthwise_conv` with ``weight`` ``[C, 1, 3, 3]`` (Twins' PEG); another
+    kernel size is refused."""
+    if weight.dim() != 4 or tuple(weight.shape[1:]) != (1, 3, 3):
+        raise GreenmimError(f"greenmim: depthwise conv 3x3: weight must be [C, 1, 3, 3], got {tuple(weight.shape)} "
+                            f"(submanifold_depthwise_conv takes any odd k)")
+    return submanifold_depthwise_conv(x, table, weight, bias, residual, algo)
 
 
 def block_conv(x: Tensor, table: BlockTable, weight: Tensor, bias: Optional[Tensor] = None,

@@ -1,8 +1,8 @@
 """Index tables of the convolutions on visible tokens, from masks (sparse_conv.hpp's builders).
 
-- :func:`neighbor_table` ``(visible)``: the 3x3 submanifold table ``[N, 9]`` of a stage mask
-  (``-1``: the neighbour is masked or outside the grid), for
-  :func:`greenmim.ops.submanifold_depthwise_conv3x3`.
+- :func:`neighbor_table` ``(visible, kernel=3)``: the k x k submanifold table ``[N, k*k]`` of a
+  stage mask (``-1``: the neighbour is masked or outside the grid), for
+  :func:`greenmim.ops.submanifold_depthwise_conv`.
 - :func:`block_table` ``(visible, stride)``: the kernel = stride block table ``[N_next, s*s]``
   for :func:`greenmim.ops.block_conv`. **Output rule:** a block is an output when any of its inputs
   is visible (spconv's rule for a strided sparse conv); its masked inputs are ``-1`` and read as
@@ -31,8 +31,8 @@ from ._lib import GreenmimError
 
 @dataclass(eq=False)
 class NeighborTable:
-    """3x3 submanifold neighbour table: ``nbr[t, o]`` is the token at offset ``o`` (row-major over
-    the stencil, ``o = (dh + 1) * 3 + dw + 1``) of token ``t``, or -1."""
+    """k x k submanifold neighbour table (k odd): ``nbr[t, o]`` is the token at offset ``o``
+    (row-major over the stencil, ``o = (dh + k/2) * k + dw + k/2``) of token ``t``, or -1."""
     nbr: Tensor                         # [N, 9] int32
     grid: Tuple[int, int]
     position: Optional[Tensor] = None   # [N] flat positions (b*H*W + h*W + w with per-sample masks)
@@ -41,6 +41,11 @@ class NeighborTable:
     @property
     def num_tokens(self) -> int:
         return self.nbr.shape[0]
+
+    @property
+    def kernel(self) -> int:
+        """k (the table has k*k entries per token)."""
+        return round(self.nbr.shape[1] ** 0.5)
 
 
 @dataclass(eq=False)
@@ -167,10 +172,14 @@ def _build(visible: Tensor, kind: int, size: int, device, cache: bool):
     return table
 
 
-def neighbor_table(visible: Tensor, device=None, cache: bool = True) -> NeighborTable:
-    """The 3x3 submanifold neighbour table of a stage mask (bool ``[H, W]`` or ``[B, H, W]``,
-    True = visible, token resolution)."""
-    return _build(visible, _lib.GMH_NEIGHBOR_TABLE, 3, device, cache)
+def neighbor_table(visible: Tensor, device=None, cache: bool = True, kernel: int = 3) -> NeighborTable:
+    """The k x k submanifold neighbour table (``kernel`` = k, odd, 1..15; 3: Twins' PEG, 7:
+    ConvNeXt) of a stage mask (bool ``[H, W]`` or ``[B, H, W]``, True = visible, token
+    resolution)."""
+    k = int(kernel)
+    if k != kernel or k < 1 or k > 15 or k % 2 == 0:
+        raise GreenmimError(f"greenmim: neighbour table: the kernel must be odd, 1..15, got {kernel!r}")
+    return _build(visible, _lib.GMH_NEIGHBOR_TABLE, k, device, cache)
 
 
 def block_table(visible: Tensor, stride: int, device=None, cache: bool = True) -> BlockTable:

@@ -14,8 +14,8 @@ Public functions:
 - ``partition_tokens(x, partition)`` / ``unpartition_tokens(y, partition)``: ``[B, N, C] <->
   [B, num_groups * G, C]``, each other's adjoint.
 ``partition`` is a :class:`greenmim.mask_plan.StagePartition` (from :func:`greenmim.plan_masks`).
-Twins' sparse convs (``block_conv``, ``submanifold_depthwise_conv3x3``) are named here too
-(implemented in conv_ops.py).
+The sparse convs (``block_conv``, ``submanifold_depthwise_conv`` for any odd k,
+``submanifold_depthwise_conv3x3``) are named here too (implemented in conv_ops.py).
 """
 from __future__ import annotations
 
@@ -361,4 +361,4 @@ def unpartition_tokens(y: Tensor, partition) -> Tensor:
 
 # Every op under greenmim.ops: Twins' sparse convs live in conv_ops.py (their tables, backends and
 # routes), and are named here too.
-from .conv_ops import block_conv, submanifold_depthwise_conv3x3  # noqa: E402,F401
+from .conv_ops import block_conv, submanifold_depthwise_conv, submanifold_depthwise_conv3x3  # noqa: E402,F401

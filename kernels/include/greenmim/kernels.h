@@ -232,7 +232,7 @@ cudaError_t gm_build_partition(void* d_temp_storage, size_t* temp_storage_bytes,
  * Convolutions on visible tokens (Twins; docs/sparse-conv.md)
  *
  * Index tables are built on the host by include/greenmim/sparse_conv.hpp and uploaded as int32:
- * the 3x3 submanifold neighbour table `nbr` [N, 9] (-1 = masked or outside) and the
+ * the k x k submanifold neighbour table `nbr` [N, k*k] (-1 = masked or outside) and the
  * kernel = stride block table `gather` [N_next, s*s] (row-major within a block). Features are
  * [B, N, C] with a unit-stride last dimension in `dtype`; weights, biases and their gradients are
  * float32, contiguous, in PyTorch's layouts; accumulation is float32. Gradients are overwritten.
@@ -240,8 +240,11 @@ cudaError_t gm_build_partition(void* d_temp_storage, size_t* temp_storage_bytes,
  * the host. The CPU reference is include/greenmim/reference/conv.hpp. Speed: unverified.
  * ------------------------------------------------------------------------------------------- */
 
-/*! Depthwise 3x3 submanifold conv (PEG):
- *  y[b,t,c] = bias[c] + sum_o weight[c*9 + o] * x[b, nbr[t*9 + o], c] (+ x[b,t,c] if residual).
+/*! Depthwise k x k submanifold conv (Twins' PEG: k = 3; ConvNeXt: k = 7; k odd, 1..7), K = k*k:
+ *  y[b,t,c] = bias[c] + sum_o weight[c*K + o] * x[b, nbr[t*K + o], c] (+ x[b,t,c] if residual).
+ *  An even k or k > 7 is refused with the reason (gm_last_refusal). k = 3 runs PEG's kernels
+ *  (8 tokens a thread, rows kept across them); any other k one token a thread, a stencil row of
+ *  loads at a time (docs/sparse-conv.md).
  *  Backward: dx through the same table at mirrored offsets (no atomics); dweight / dbias bitwise
  *  deterministic (fixed 32-token tiles of per-tile partials in the workspace, summed in a fixed
  *  order). 16-byte vectorized when C % 8 == 0 and every row is 16-byte aligned. */
@@ -251,11 +254,11 @@ typedef struct gm_depthwise_conv_args {
   gm_tensor y;          /*!< forward output [B, N, C] */
   gm_tensor dy;         /*!< backward input [B, N, C] */
   gm_tensor dx;         /*!< backward output [B, N, C] */
-  const int32_t* nbr;   /*!< [N, 9] neighbour table (greenmim::neighbor_table::nbr) */
-  int32_t kernel;       /*!< must be 3 */
-  const float* weight;  /*!< [C, 9] (= [C, 1, 3, 3]) */
+  const int32_t* nbr;   /*!< [N, k*k] neighbour table (greenmim::neighbor_table::nbr) */
+  int32_t kernel;       /*!< k: 1, 3, 5 or 7 */
+  const float* weight;  /*!< [C, k*k] (= [C, 1, k, k]) */
   const float* bias;    /*!< [C] or NULL (forward) */
-  float* dweight;       /*!< backward output [C, 9], or NULL */
+  float* dweight;       /*!< backward output [C, k*k], or NULL */
   float* dbias;         /*!< backward output [C], or NULL */
   int32_t residual;     /*!< nonzero: + x (Twins' PosCNN, the default); 0: as the released GreenMIM code */
 } gm_depthwise_conv_args;
@@ -263,9 +266,10 @@ typedef struct gm_depthwise_conv_args {
 cudaError_t gm_depthwise_conv_fwd_can_implement(const gm_depthwise_conv_args* args);
 cudaError_t gm_depthwise_conv_fwd(const gm_depthwise_conv_args* args, cudaStream_t stream);
 cudaError_t gm_depthwise_conv_bwd_can_implement(const gm_depthwise_conv_args* args);
-/*! Workspace of the backward (16-byte aligned): 10 * C floats per piece of the deterministic
- *  dweight/dbias reduction (pieces of 32+ tokens x 8+ samples, at most 2^20 / C of them: at most
- *  40 MiB), 0 when neither dweight nor dbias is requested or the input is empty. */
+/*! Workspace of the backward (16-byte aligned): (k*k + 1) * C floats per piece of the
+ *  deterministic dweight/dbias reduction (pieces of 32+ tokens x 8+ samples; k = 3: at most
+ *  2^20 / C of them, 40 MiB; other k: at most 2^20 / (k C), 30 MiB at k = 7), 0 when neither
+ *  dweight nor dbias is requested or the input is empty. */
 cudaError_t gm_depthwise_conv_bwd_workspace_size(const gm_depthwise_conv_args* args, size_t* bytes);
 cudaError_t gm_depthwise_conv_bwd(const gm_depthwise_conv_args* args, void* workspace, size_t workspace_bytes,
                                   cudaStream_t stream);

@@ -1,0 +1,107 @@
+"""FCMAE (ConvNeXt V2's masked autoencoder) on visible tokens, with the released recipe: the
+encoder (:class:`greenmim.VisibleConvNeXtV2`) sees only the visible 32-px units of each sample;
+the decoder is dense at 1/32 resolution.
+
+    model = greenmim.fcmae.FCMAE("convnextv2_atto")              # decoder 512 x 1
+    visible = model.random_masks(batch)                         # per sample, 60% of the units masked
+    loss, pred, mask = model(images, visible)
+    sd = greenmim.fcmae.export_encoder(model)                   # timm's convnextv2_atto(num_classes=0)
+
+Decoder (the released ``models/fcmae.py``): the last stage's map with zeros at the masked units
+(:meth:`VisibleConvNeXtV2.to_dense`), a 1x1 conv to ``decoder_embed_dim`` (``proj``), the mask
+token at every masked unit (``mask_token``), ``decoder_depth`` dense ConvNeXt V2 blocks (timm's
+``ConvNeXtBlock`` with GRN, no layer scale), a 1x1 conv to each unit's 32 x 32 x 3 pixels
+(``pred``). Loss: per unit the mean square error against its pixels, normalised per unit with
+``norm_pix_loss`` (mean and unbiased variance + 1e-6), averaged over the masked units only.
+``pred`` is ``[B, L, 3072]`` and ``mask`` ``[B, L]`` (1 = masked), as :class:`greenmim.GreenMIM`
+returns them. Not yet wired into ``python -m greenmim.pretrain`` (docs/models.md).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .convnextv2 import MASK_UNIT, VisibleConvNeXtV2
+from .mask_plan import random_masks
+from .mim import _unit_stats, patchify
+
+__all__ = ["FCMAE", "export_encoder"]
+
+
+class FCMAE(nn.Module):
+    """FCMAE on visible tokens: ``forward(images, visible) -> (loss, pred, mask)``; ``visible``
+    bool ``[B, H/32, W/32]`` (True = visible), one mask per sample."""
+
+    def __init__(self, encoder: str = "convnextv2_atto", img_size: int = 224, decoder_embed_dim: int = 512,
+                 decoder_depth: int = 1, mask_ratio: float = 0.6, norm_pix_loss: bool = True, grn: str = "sample",
+                 in_chans: int = 3, **encoder_kwargs):
+        super().__init__()
+        from timm.models.convnext import ConvNeXtBlock
+        if img_size % MASK_UNIT:
+            raise ValueError(f"greenmim: FCMAE's image size must be a multiple of {MASK_UNIT}, got {img_size}")
+        self.encoder = VisibleConvNeXtV2(encoder, grn=grn, num_classes=0, in_chans=in_chans, **encoder_kwargs)
+        self.img_size, self.unit, self.grid = img_size, MASK_UNIT, img_size // MASK_UNIT
+        self.mask_ratio, self.norm_pix_loss, self.in_chans = mask_ratio, norm_pix_loss, in_chans
+        self.proj = nn.Conv2d(self.encoder.num_features, decoder_embed_dim, kernel_size=1)
+        self.mask_token = nn.Parameter(torch.zeros(1, decoder_embed_dim, 1, 1))
+        self.decoder = nn.Sequential(*[ConvNeXtBlock(decoder_embed_dim, use_grn=True, ls_init_value=None)
+                                       for _ in range(decoder_depth)])
+        self.pred = nn.Conv2d(decoder_embed_dim, self.unit * self.unit * in_chans, kernel_size=1)
+        self._init_decoder()
+
+    def _init_decoder(self) -> None:
+        """The released initialisation of the decoder: truncated normal (std 0.02) weights, zero
+        biases, a N(0, 0.02) mask token; LayerNorms and GRN as timm makes them."""
+        nn.init.normal_(self.mask_token, std=0.02)
+        for m in [self.proj, self.pred, *self.decoder.modules()]:
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def random_masks(self, batch: int, ratio: Optional[float] = None,
+                     generator: Optional[torch.Generator] = None) -> Tensor:
+        """Per-sample unit masks ``[batch, g, g]``, True = visible, ``ratio`` (default: the model's
+        0.6) of the units masked."""
+        return random_masks(batch, grid=self.grid, ratio=self.mask_ratio if ratio is None else ratio,
+                            generator=generator)
+
+    def forward_decoder(self, tokens: Tensor, plan, visible: Tensor) -> Tensor:
+        """``[B, L, unit^2 * 3]`` predictions from the encoder's last-stage tokens."""
+        x = self.proj(VisibleConvNeXtV2.to_dense(tokens, plan))
+        m = (~visible).unsqueeze(1).to(x.dtype)
+        x = x * (1 - m) + self.mask_token.to(x.dtype) * m
+        x = self.pred(self.decoder(x))
+        return x.flatten(2).transpose(1, 2)
+
+    def forward_loss(self, imgs: Tensor, pred: Tensor, mask: Tensor) -> Tensor:
+        """Mean square error per unit (normalised pixels with ``norm_pix_loss``), averaged over the
+        masked units (``mask`` 1)."""
+        dt = torch.promote_types(pred.dtype, torch.float32)
+        target = patchify(imgs.to(dt), self.unit)
+        if self.norm_pix_loss:
+            mean, std = _unit_stats(target)
+            target = (target - mean) / std
+        per_unit = (pred.to(dt) - target).square().mean(dim=-1)
+        mask = mask.to(dt)
+        return (per_unit * mask).sum() / mask.sum()
+
+    def forward(self, imgs: Tensor, visible: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        B, _, H, W = imgs.shape
+        if (H, W) != (self.img_size, self.img_size) or tuple(visible.shape) != (B, self.grid, self.grid):
+            raise ValueError(f"greenmim: FCMAE takes {self.img_size} px images and [B, {self.grid}, {self.grid}] "
+                             f"masks, got {tuple(imgs.shape)} and {tuple(visible.shape)}")
+        if bool(visible.all()):
+            raise ValueError("greenmim: every unit is visible: nothing to reconstruct (mask ratio 0?)")
+        tokens, plan = self.encoder(imgs, visible)
+        pred = self.forward_decoder(tokens, plan, visible)
+        mask = (~visible).reshape(B, -1).float()
+        return self.forward_loss(imgs, pred, mask), pred, mask
+
+
+def export_encoder(model: FCMAE) -> Dict[str, Tensor]:
+    """The encoder's state dict, which timm's ``convnextv2_*`` with ``num_classes=0`` loads strictly
+    (then ``reset_classifier(n)`` to fine-tune): the encoder's modules are timm's."""
+    return {k: v.detach().clone() for k, v in model.encoder.state_dict().items()}
