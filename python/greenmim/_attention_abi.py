@@ -68,7 +68,7 @@ class Index(NamedTuple):
 
 class KnownIndex:
     """Four index tensors (weakly held) that passed :func:`index_valid`, and their facts."""
-    __slots__ = ("refs", "versions", "device", "group_size", "slots", "tokens", "fields", "copy_fields",
+    __slots__ = ("refs", "versions", "device", "group_size", "slots", "tokens", "fields", "copy_fields", "plain",
                  "__weakref__")
 
     def __init__(self, tensors: Sequence[torch.Tensor], group_size: int):
@@ -81,6 +81,9 @@ class KnownIndex:
         ix = Index(*tensors, group_size)
         self.fields = _abi_views.partition_fields(ix)                      # the C view, as _abi_views.partition()
         self.copy_fields = _abi_views.partition_fields(ix, slot_coord=False)
+        # plain tensors that no functorch wrapper holds (the eager fast path's condition, _dispatch._plain)
+        self.plain = all(type(t) in (torch.Tensor, torch.nn.Parameter) and
+                         not torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
 _known: Dict[int, KnownIndex] = {}

@@ -131,6 +131,40 @@ def _plain(args) -> bool:
     return True
 
 
+# Ops whose index argument (the partition's four tensors and the scalars after them) is an
+# _attention_abi.Index on the fast path: the public function has looked it up (and its checks'
+# entry, ``known``) once, and the implementation and the Function take it whole, instead of a list
+# the implementation looks up again. The Function keeps the Index on its context: its tensors are
+# not saved tensors, so its backward checks their versions itself (see ops.py).
+_ix_impls: Dict[str, Callable] = {}                       # op name -> implementation taking an Index
+_ix_appliers: Dict[str, Callable] = {}                    # forward op name -> its Function's C apply
+
+
+def indexed(name: str, impl: Callable, function: type = None) -> None:
+    """The fast path of op ``name`` as ``impl(*tensors, ix, *scalars)`` (the op's arguments with an
+    Index for its index list and the scalars that :meth:`Index.op_args` gives), and for a forward
+    op its ``function`` (an autograd.Function with the same arguments)."""
+    _ix_impls[name] = impl
+    if function is not None:
+        _ix_appliers[name] = _c_apply.__get__(None, function)
+
+
+def call_indexed(name: str, tensors: tuple, ix, *rest):
+    """``call(name, *tensors, *ix.op_args(), *rest)``, the fast path taking ``ix`` whole where the
+    index tensors passed their checks unchanged as plain tensors (``ix.known.plain``): else
+    :func:`call` decides, as for any op."""
+    known = ix.known
+    if known is not None and known.plain and type(tensors[0]) in _PLAIN and _eager_only() and _plain(tensors):
+        if not torch.is_grad_enabled():
+            _state.calls += 1
+            return _ix_impls[name](*tensors, ix, *rest)
+        f = _ix_appliers.get(name)
+        if f is not None:
+            _state.calls += 1
+            return f(*tensors, ix, *rest)
+    return call(name, *tensors, *ix.op_args(), *rest)
+
+
 def call(name: str, *args):
     """``torch.ops.greenmim.<name>(*args)``, or its implementation directly where that is the same:
     every tensor argument, and those in list arguments, a plain tensor or parameter (the first
