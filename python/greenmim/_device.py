@@ -35,11 +35,11 @@ def emulating() -> bool:
 
 
 def uses_kernels(t: torch.Tensor) -> bool:
-    return t.is_cuda or (emulating() and t.device.type == "cpu")
+    return t.is_cuda or (t.is_cpu and emulating())       # (is_cpu: device.type == "cpu" without a device object)
 
 
 def kernel_lib(t: torch.Tensor):
-    return _lib.kernels(emulated=t.device.type != "cuda")
+    return _lib.kernels(emulated=not t.is_cuda)
 
 
 # torch's current stream as the raw cudaStream_t: torch.cuda.current_stream() builds a Stream

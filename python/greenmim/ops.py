@@ -365,7 +365,7 @@ def _resolve(q: Tensor, part, window: Optional[int], scale: Optional[float]) -> 
 def _autocast(*ts: Tensor) -> List[Tensor]:
     """Under CUDA autocast, float32 inputs run in the autocast dtype (as F.linear's outputs do)."""
     t0 = ts[0]
-    if t0.device.type == "cuda" and t0.dtype == torch.float32 and torch.is_autocast_enabled():
+    if t0.is_cuda and t0.dtype == torch.float32 and torch.is_autocast_enabled():
         dt = torch.get_autocast_gpu_dtype()
         return [t.to(dt) for t in ts]
     return list(ts)
@@ -375,7 +375,7 @@ def _torch_cpu(t: Tensor, algo: str) -> bool:
     """Eager CPU tensors with algo "auto" run in torch's batched kernels (_cpu_attention.py).
     Under torch.compile they take the custom op, opaque as on CUDA (a small graph, quick to
     compile; its CPU kernel is the reference)."""
-    return algo == "auto" and t.device.type == "cpu" and not _device.emulating() and \
+    return algo == "auto" and t.is_cpu and not _device.emulating() and \
         not torch.compiler.is_compiling()
 
 
