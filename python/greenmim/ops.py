@@ -153,20 +153,23 @@ def _unchanged(ix: Index) -> Index:
 
 class _AttentionFn(torch.autograd.Function):
     """attention_fwd on the fast path (_dispatch.call_indexed): _fwd_setup's and _fwd_backward's
-    formulas, the checked Index kept whole on the context."""
+    formulas, the checked Index kept whole on the context. Its one output is the attention's
+    (what the public function returns); the log-sum-exp is saved as an intermediate (seen by
+    saved-tensor hooks and checkpointing as before; a double backward meets the custom op's error
+    anyway)."""
 
     @staticmethod
     def forward(ctx, q, k, v, bias, ix, algo):
-        out = _attention_fwd_ix(q, k, v, bias, ix, algo)
-        ctx.save_for_backward(q, k, v, *out, bias)
+        o, lse = _attention_fwd_ix(q, k, v, bias, ix, algo)
+        ctx.save_for_backward(q, k, v, o, lse, bias)
         ctx.ix, ctx.algo, ctx.bias_grad = ix, algo, bias is not None and ctx.needs_input_grad[3]
-        return out
+        return o
 
     @staticmethod
-    def backward(ctx, d_o, d_lse):
+    def backward(ctx, d_o):
         q, k, v, o, lse, bias = ctx.saved_tensors
-        dq, dk, dv, db = _dispatch.call_indexed("attention_bwd", (d_o, q, k, v, o, lse, bias), _unchanged(ctx.ix),
-                                                ctx.algo, ctx.bias_grad)
+        dq, dk, dv, db = _dispatch.call_indexed("attention_bwd", (d_o, q, k, v, o, lse, bias),
+                                                _unchanged(ctx.ix), ctx.algo, ctx.bias_grad)
         return dq, dk, dv, db.to(bias.dtype) if ctx.bias_grad else None, None, None
 
 
@@ -259,17 +262,17 @@ _dispatch.register_autograd("attention_packed_fwd", _packed_backward, _packed_se
 
 class _AttentionPackedFn(torch.autograd.Function):
     """attention_packed_fwd on the fast path: _packed_setup's and _packed_backward's formulas, the
-    checked Index kept whole on the context (as _AttentionFn)."""
+    checked Index kept whole on the context and one output (as _AttentionFn)."""
 
     @staticmethod
     def forward(ctx, qkv, bias, ix, algo):
-        out = _attention_packed_fwd_ix(qkv, bias, ix, algo)
-        ctx.save_for_backward(qkv, *out, bias)
+        o, lse = _attention_packed_fwd_ix(qkv, bias, ix, algo)
+        ctx.save_for_backward(qkv, o, lse, bias)
         ctx.ix, ctx.algo, ctx.bias_grad = ix, algo, bias is not None and ctx.needs_input_grad[1]
-        return out
+        return o
 
     @staticmethod
-    def backward(ctx, d_o, d_lse):
+    def backward(ctx, d_o):
         qkv, o, lse, bias = ctx.saved_tensors
         dqkv, db = _dispatch.call_indexed("attention_packed_bwd", (d_o, qkv, o, lse, bias), _unchanged(ctx.ix),
                                           ctx.algo, ctx.bias_grad)
@@ -400,7 +403,7 @@ def group_window_attention(q: Tensor, k: Tensor, v: Tensor, bias_table: Optional
             return o
     algo = "auto" if algo == "reference" else algo
     q, k, v = _autocast(q, k, v)
-    return _dispatch.call_indexed("attention_fwd", (q, k, v, bias_table), ix, algo)[0]
+    return _dispatch.forward_indexed("attention_fwd", (q, k, v, bias_table), ix, algo)
 
 
 def group_window_attention_packed(qkv: Tensor, bias_table: Optional[Tensor], partition,
@@ -419,7 +422,7 @@ def group_window_attention_packed(qkv: Tensor, bias_table: Optional[Tensor], par
             return o
     algo = "auto" if algo == "reference" else algo
     (qkv,) = _autocast(qkv)
-    return _dispatch.call_indexed("attention_packed_fwd", (qkv, bias_table), ix, algo)[0]
+    return _dispatch.forward_indexed("attention_packed_fwd", (qkv, bias_table), ix, algo)
 
 
 def partition_tokens(x: Tensor, partition) -> Tensor:
