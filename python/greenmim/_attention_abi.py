@@ -128,10 +128,12 @@ def index_valid(tensors: Sequence[torch.Tensor], group_size: int) -> bool:
 
 def check_inputs(q, k, v, bias, ix: Index) -> None:
     """Python-side checks that give a clear exception before any library call."""
-    for n, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise GreenmimError(f"greenmim: {n} must be [B, N, heads, head_dim], got shape {tuple(t.shape)}")
-    if q.shape != k.shape or q.shape != v.shape:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        for n, t in (("q", q), ("k", k), ("v", v)):
+            if t.dim() != 4:
+                raise GreenmimError(f"greenmim: {n} must be [B, N, heads, head_dim], got shape {tuple(t.shape)}")
+    shape = q.shape
+    if shape != k.shape or shape != v.shape:
         raise GreenmimError(f"greenmim: q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise GreenmimError(f"greenmim: q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
@@ -140,7 +142,7 @@ def check_inputs(q, k, v, bias, ix: Index) -> None:
     gather, scatter, slot_window, slot_coord, group_size, window = ix[:6]
     known = ix.known or remember_index(ix[:4], group_size)
     if known is not None and known.device == q.device:
-        _check_attention_rest(q, q.shape[1], q.shape[2], bias, window, known.tokens)   # the index passed
+        _check_attention_rest(q, shape[1], shape[2], bias, window, known.tokens)   # the index passed
         return
     for n, t in zip(ix._fields, ix[:4]):
         if t.dtype != torch.int32 or t.dim() != 1:

@@ -90,7 +90,8 @@ def _attention_bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse:
 
 def _attention_bwd_ix(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, bias: Optional[Tensor],
                       ix: Index, algo: str, need_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    dq, dk, dv = (torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
+    shape = q.shape
+    dq, dk, dv = q.new_empty(shape), q.new_empty(shape), q.new_empty(shape)     # (new_empty: q's dtype, device)
     db = _attention_abi.attention_bwd(d_o, q, k, v, o, lse, bias, ix, dq, dk, dv, need_dbias, algo)
     return dq, dk, dv, db if db is not None else q.new_empty((0,))
 
