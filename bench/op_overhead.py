@@ -7,11 +7,11 @@ bookkeeping) runs under ``greenmim.emulate_cuda()`` with the kernel library's C 
 no-ops, on tiny tensors, so the time is the host's alone. Each public op is timed on its own,
 forward and forward + backward (``torch.autograd.backward`` of its output with a ready gradient:
 the engine's own cost per call is in it), through the eager fast path (greenmim/_dispatch.py) and
-through the custom ops' dispatcher (``_eager.disabled()``), interleaved; each figure is the best
+through the custom ops' dispatcher (``_dispatch.disabled()``), interleaved; each figure is the best
 of 3 medians of ``--reps`` calls. Plain torch ops on the same tiny tensor are the scale: a
 ``torch.add`` forward, a multiply forward + backward, and the autograd.Function the fast path's
-forward ops are (its C apply, two outputs allocated, eight tensors saved: the floor of the
-packed attention's forward on this path). The last rows are a Swin block's three
+forward ops are (its C apply, two tensors allocated, one returned, four saved: the floor of the
+packed attention's forward on this path, greenmim/ops.py's _AttentionPackedFn). The last rows are a Swin block's three
 ops together (partition, packed attention, unpartition: the figure earlier notes quote).
 
 What this cannot see on a CPU: the CUDA stream lookup (emulation passes none) and the block conv's
@@ -75,18 +75,20 @@ def _forward_backward(fwd, grads):
 
 class _Floor(torch.autograd.Function):
     """The mechanism the fast path's forward ops ride on, doing nothing else: an autograd.Function
-    applied through its C entry (as greenmim/_dispatch.py does) that allocates two outputs and saves
-    eight tensors, as the packed attention's forward does."""
+    applied through its C entry (as greenmim/_dispatch.py does) that allocates the output and the
+    log-sum-exp, returns the output and saves four tensors, as the packed attention's forward does
+    (its index, a Python object, on the context)."""
 
     @staticmethod
-    def forward(ctx, qkv, bias, index):
+    def forward(ctx, qkv, bias, index, algo):
         o, lse = qkv.new_empty(qkv.shape[:2] + qkv.shape[3:]), qkv.new_empty(qkv.shape[:2] + qkv.shape[3:4])
-        ctx.save_for_backward(qkv, o, lse, bias, *index)
-        return o, lse
+        ctx.save_for_backward(qkv, o, lse, bias)
+        ctx.index = index
+        return o
 
     @staticmethod
-    def backward(ctx, do, dlse):
-        return None, None, None
+    def backward(ctx, do):
+        return None, None, None, None
 
 
 def cases(gen: torch.Generator):
@@ -156,11 +158,11 @@ def main(argv=None) -> int:
         qkv = torch.randn(1, 30, 3, 1, 32, requires_grad=True)
         bias, index = torch.randn(49, 1, requires_grad=True), [torch.zeros(60, dtype=torch.int32)] * 4
         apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Floor)
-        result["function_floor_us"] = floor = min(_median_us(lambda: apply(qkv, bias, index), a.reps)
+        result["function_floor_us"] = floor = min(_median_us(lambda: apply(qkv, bias, index, "auto"), a.reps)
                                                   for _ in range(3))
         print(f"== host time per call, kernels left out; torch {torch.__version__}, best of 3 medians of {a.reps}")
         print(f"scale: torch.add on a tiny tensor {add:.1f} us; a multiply forward + backward {mul:.1f} us; an "
-              f"autograd.Function alone (C apply, 2 outputs made, 8 tensors saved) {floor:.1f} us")
+              f"autograd.Function alone (C apply, 2 tensors made, 1 returned, 4 saved) {floor:.1f} us")
         print("| op | pass | fast path us | dispatcher us | saved |")
         print("|---|---|---|---|---|")
         with greenmim.emulate_cuda():

@@ -68,7 +68,7 @@ class Index(NamedTuple):
 
 class KnownIndex:
     """Four index tensors (weakly held) that passed :func:`index_valid`, and their facts."""
-    __slots__ = ("refs", "versions", "device", "group_size", "slots", "tokens", "fields", "copy_fields",
+    __slots__ = ("refs", "versions", "device", "group_size", "slots", "tokens", "fields", "copy_fields", "plain",
                  "__weakref__")
 
     def __init__(self, tensors: Sequence[torch.Tensor], group_size: int):
@@ -81,6 +81,9 @@ class KnownIndex:
         ix = Index(*tensors, group_size)
         self.fields = _abi_views.partition_fields(ix)                      # the C view, as _abi_views.partition()
         self.copy_fields = _abi_views.partition_fields(ix, slot_coord=False)
+        # plain tensors that no functorch wrapper holds (the eager fast path's condition, _dispatch._plain)
+        self.plain = all(type(t) in (torch.Tensor, torch.nn.Parameter) and
+                         not torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
 _known: Dict[int, KnownIndex] = {}
@@ -125,10 +128,12 @@ def index_valid(tensors: Sequence[torch.Tensor], group_size: int) -> bool:
 
 def check_inputs(q, k, v, bias, ix: Index) -> None:
     """Python-side checks that give a clear exception before any library call."""
-    for n, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise GreenmimError(f"greenmim: {n} must be [B, N, heads, head_dim], got shape {tuple(t.shape)}")
-    if q.shape != k.shape or q.shape != v.shape:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        for n, t in (("q", q), ("k", k), ("v", v)):
+            if t.dim() != 4:
+                raise GreenmimError(f"greenmim: {n} must be [B, N, heads, head_dim], got shape {tuple(t.shape)}")
+    shape = q.shape
+    if shape != k.shape or shape != v.shape:
         raise GreenmimError(f"greenmim: q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise GreenmimError(f"greenmim: q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
@@ -137,7 +142,7 @@ def check_inputs(q, k, v, bias, ix: Index) -> None:
     gather, scatter, slot_window, slot_coord, group_size, window = ix[:6]
     known = ix.known or remember_index(ix[:4], group_size)
     if known is not None and known.device == q.device:
-        _check_attention_rest(q, q.shape[1], q.shape[2], bias, window, known.tokens)   # the index passed
+        _check_attention_rest(q, shape[1], shape[2], bias, window, known.tokens)   # the index passed
         return
     for n, t in zip(ix._fields, ix[:4]):
         if t.dtype != torch.int32 or t.dim() != 1:

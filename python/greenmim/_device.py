@@ -35,11 +35,11 @@ def emulating() -> bool:
 
 
 def uses_kernels(t: torch.Tensor) -> bool:
-    return t.is_cuda or (emulating() and t.device.type == "cpu")
+    return t.is_cuda or (t.is_cpu and emulating())       # (is_cpu: device.type == "cpu" without a device object)
 
 
 def kernel_lib(t: torch.Tensor):
-    return _lib.kernels(emulated=t.device.type != "cuda")
+    return _lib.kernels(emulated=not t.is_cuda)
 
 
 # torch's current stream as the raw cudaStream_t: torch.cuda.current_stream() builds a Stream
@@ -80,8 +80,9 @@ def rows(t: torch.Tensor) -> torch.Tensor:
 def check_devices(where: str, like: Tensor, **tensors: Optional[Tensor]) -> None:
     """Every tensor on ``like``'s device. A plan on another device must not reach the ops: with one
     input on "meta", torch would run their shape-only fakes and return uninitialised memory."""
+    device = like.device
     for name, t in tensors.items():
-        if t is not None and t.device != like.device:
+        if t is not None and t.device != device:
             raise GreenmimError(
                 f"greenmim: {where}: {name} is on {t.device}, the features on {like.device}: plans and "
                 f"tensors must share a device (plan.to({str(like.device)!r}), or plan_masks(..., device=...))")

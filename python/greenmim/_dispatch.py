@@ -131,6 +131,54 @@ def _plain(args) -> bool:
     return True
 
 
+# Ops whose index argument (the partition's four tensors and the scalars after them) is an
+# _attention_abi.Index on the fast path: the public function has looked it up (and its checks'
+# entry, ``known``) once, and the implementation and the Function take it whole, instead of a list
+# the implementation looks up again. The Function keeps the Index on its context (its tensors are
+# not saved tensors: its backward checks their versions itself) and has one output, the op's first
+# (the other, the attention's log-sum-exp, is a saved intermediate): see ops.py.
+_ix_impls: Dict[str, Callable] = {}                       # op name -> implementation taking an Index
+_ix_appliers: Dict[str, Callable] = {}                    # forward op name -> its Function's C apply
+
+
+def indexed(name: str, impl: Callable, function: type = None) -> None:
+    """The fast path of op ``name`` as ``impl(*tensors, ix, *rest)`` (the op's arguments with an
+    Index for its index list and the scalars that :meth:`Index.op_args` gives), and for a forward
+    op its ``function``: an autograd.Function of the same arguments that returns impl's first output."""
+    _ix_impls[name] = impl
+    if function is not None:
+        _ix_appliers[name] = _c_apply.__get__(None, function)
+
+
+def _indexed_fast(tensors: tuple, ix) -> bool:
+    """The fast path's conditions, for index tensors that passed their checks unchanged as plain
+    tensors (``ix.known.plain``)."""
+    known = ix.known
+    return known is not None and known.plain and type(tensors[0]) in _PLAIN and _eager_only() and _plain(tensors)
+
+
+def forward_indexed(name: str, tensors: tuple, ix, *rest):
+    """The first output of ``call(name, *tensors, *ix.op_args(), *rest)`` for a forward op
+    registered with :func:`indexed`, taking ``ix`` whole on the fast path."""
+    if _indexed_fast(tensors, ix):
+        _state.calls += 1
+        if not torch.is_grad_enabled():
+            return _ix_impls[name](*tensors, ix, *rest)[0]
+        return _ix_appliers[name](*tensors, ix, *rest)
+    return call(name, *tensors, *ix.op_args(), *rest)[0]
+
+
+def call_indexed(name: str, tensors: tuple, ix, *rest):
+    """``call(name, *tensors, *ix.op_args(), *rest)`` for a backward op registered with
+    :func:`indexed`: its implementation with ``ix`` whole where grad mode is off and the fast path
+    applies; else :func:`call` decides (with grad mode on, the custom op: a double backward meets its
+    error)."""
+    if not torch.is_grad_enabled() and _indexed_fast(tensors, ix):
+        _state.calls += 1
+        return _ix_impls[name](*tensors, ix, *rest)
+    return call(name, *tensors, *ix.op_args(), *rest)
+
+
 def call(name: str, *args):
     """``torch.ops.greenmim.<name>(*args)``, or its implementation directly where that is the same:
     every tensor argument, and those in list arguments, a plain tensor or parameter (the first

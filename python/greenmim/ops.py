@@ -63,7 +63,11 @@ def _grads(*leading: Optional[Tensor], scalars: int) -> Tuple:
 @_dispatch.op("attention_fwd")
 def _attention_fwd(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], index: List[Tensor], group_size: int,
                    window: int, scale: float, algo: str) -> Tuple[Tensor, Tensor]:
-    ix = Index.of(index, group_size, window, scale)
+    return _attention_fwd_ix(q, k, v, bias, Index.of(index, group_size, window, scale), algo)
+
+
+def _attention_fwd_ix(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], ix: Index,
+                      algo: str) -> Tuple[Tensor, Tensor]:
     _attention_abi.check_inputs(q, k, v, bias, ix)
     return _attention_abi.attention_fwd(q, k, v, bias, ix, algo)
 
@@ -81,9 +85,14 @@ def _(q, k, v, bias, index, group_size, window, scale, algo):
 def _attention_bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, bias: Optional[Tensor],
                    index: List[Tensor], group_size: int, window: int, scale: float, algo: str,
                    need_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    dq, dk, dv = (torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
-    db = _attention_abi.attention_bwd(d_o, q, k, v, o, lse, bias, Index.of(index, group_size, window, scale), dq, dk, dv,
-                                need_dbias, algo)
+    return _attention_bwd_ix(d_o, q, k, v, o, lse, bias, Index.of(index, group_size, window, scale), algo, need_dbias)
+
+
+def _attention_bwd_ix(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, bias: Optional[Tensor],
+                      ix: Index, algo: str, need_dbias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    shape = q.shape
+    dq, dk, dv = q.new_empty(shape), q.new_empty(shape), q.new_empty(shape)     # (new_empty: q's dtype, device)
+    db = _attention_abi.attention_bwd(d_o, q, k, v, o, lse, bias, ix, dq, dk, dv, need_dbias, algo)
     return dq, dk, dv, db if db is not None else q.new_empty((0,))
 
 
@@ -128,11 +137,55 @@ def _fwd_backward(ctx, d_o, d_lse):
 _dispatch.register_autograd("attention_fwd", _fwd_backward, _fwd_setup)
 
 
+def _unchanged(ix: Index) -> Index:
+    """A fast-path Function's Index in its backward, its index tensors at the versions its forward
+    read (``ix.known``): the check (and the message) autograd gives saved tensors, which these are
+    not (the Function keeps ``ix`` on its context: no saving and unpacking of four tensors, no
+    second lookup of their entry)."""
+    for t, version in zip(ix[:4], ix.known.versions):
+        if t._version != version:
+            raise RuntimeError(
+                f"one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"[{t.type()} {list(t.shape)}] is at version {t._version}; expected version {version} instead. "
+                f"Hint: enable anomaly detection to find the operation that failed to compute its gradient, with "
+                f"torch.autograd.set_detect_anomaly(True).")
+    return ix
+
+
+class _AttentionFn(torch.autograd.Function):
+    """attention_fwd on the fast path (_dispatch.call_indexed): _fwd_setup's and _fwd_backward's
+    formulas, the checked Index kept whole on the context. Its one output is the attention's
+    (what the public function returns); the log-sum-exp is saved as an intermediate (seen by
+    saved-tensor hooks and checkpointing as before; a double backward meets the custom op's error
+    anyway)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, ix, algo):
+        o, lse = _attention_fwd_ix(q, k, v, bias, ix, algo)
+        ctx.save_for_backward(q, k, v, o, lse, bias)
+        ctx.ix, ctx.algo, ctx.bias_grad = ix, algo, bias is not None and ctx.needs_input_grad[3]
+        return o
+
+    @staticmethod
+    def backward(ctx, d_o):
+        q, k, v, o, lse, bias = ctx.saved_tensors
+        dq, dk, dv, db = _dispatch.call_indexed("attention_bwd", (d_o, q, k, v, o, lse, bias),
+                                                _unchanged(ctx.ix), ctx.algo, ctx.bias_grad)
+        return dq, dk, dv, db.to(bias.dtype) if ctx.bias_grad else None, None, None
+
+
+_dispatch.indexed("attention_fwd", _attention_fwd_ix, _AttentionFn)
+_dispatch.indexed("attention_bwd", _attention_bwd_ix)
+
+
 # Packed qkv: reads the [B, N, 3, H, D] projection in place, writes one packed gradient.
 @_dispatch.op("attention_packed_fwd")
 def _attention_packed_fwd(qkv: Tensor, bias: Optional[Tensor], index: List[Tensor], group_size: int, window: int,
                           scale: float, algo: str) -> Tuple[Tensor, Tensor]:
-    ix = Index.of(index, group_size, window, scale)
+    return _attention_packed_fwd_ix(qkv, bias, Index.of(index, group_size, window, scale), algo)
+
+
+def _attention_packed_fwd_ix(qkv: Tensor, bias: Optional[Tensor], ix: Index, algo: str) -> Tuple[Tensor, Tensor]:
     fields = _packed_kernel_fields(qkv)
     if fields is not None and _attention_abi.check_packed_inputs(qkv, bias, ix):
         return _attention_abi.attention_packed_fwd(qkv, bias, ix, algo, fields)
@@ -161,8 +214,13 @@ def _(qkv, bias, index, group_size, window, scale, algo):
 def _attention_packed_bwd(d_o: Tensor, qkv: Tensor, o: Tensor, lse: Tensor, bias: Optional[Tensor],
                           index: List[Tensor], group_size: int, window: int, scale: float, algo: str,
                           need_dbias: bool) -> Tuple[Tensor, Tensor]:
-    fields = _packed_kernel_fields(qkv)
     ix = Index.of(index, group_size, window, scale)
+    return _attention_packed_bwd_ix(d_o, qkv, o, lse, bias, ix, algo, need_dbias)
+
+
+def _attention_packed_bwd_ix(d_o: Tensor, qkv: Tensor, o: Tensor, lse: Tensor, bias: Optional[Tensor], ix: Index,
+                             algo: str, need_dbias: bool) -> Tuple[Tensor, Tensor]:
+    fields = _packed_kernel_fields(qkv)
     if fields is not None:                 # the kernels, without the six unbind views
         dqkv = qkv.new_empty(qkv.shape)
         db = _attention_abi.attention_packed_bwd(d_o, qkv, o, lse, bias, ix, fields, _attention_abi.packed_fields(dqkv),
@@ -201,6 +259,29 @@ def _packed_backward(ctx, d_o, d_lse):
 
 
 _dispatch.register_autograd("attention_packed_fwd", _packed_backward, _packed_setup)
+
+
+class _AttentionPackedFn(torch.autograd.Function):
+    """attention_packed_fwd on the fast path: _packed_setup's and _packed_backward's formulas, the
+    checked Index kept whole on the context and one output (as _AttentionFn)."""
+
+    @staticmethod
+    def forward(ctx, qkv, bias, ix, algo):
+        o, lse = _attention_packed_fwd_ix(qkv, bias, ix, algo)
+        ctx.save_for_backward(qkv, o, lse, bias)
+        ctx.ix, ctx.algo, ctx.bias_grad = ix, algo, bias is not None and ctx.needs_input_grad[1]
+        return o
+
+    @staticmethod
+    def backward(ctx, d_o):
+        qkv, o, lse, bias = ctx.saved_tensors
+        dqkv, db = _dispatch.call_indexed("attention_packed_bwd", (d_o, qkv, o, lse, bias), _unchanged(ctx.ix),
+                                          ctx.algo, ctx.bias_grad)
+        return dqkv, db.to(bias.dtype) if ctx.bias_grad else None, None, None
+
+
+_dispatch.indexed("attention_packed_fwd", _attention_packed_fwd_ix, _AttentionPackedFn)
+_dispatch.indexed("attention_packed_bwd", _attention_packed_bwd_ix)
 
 
 # ---- partition / unpartition ----------------------------------------------------------------------
@@ -288,7 +369,7 @@ def _resolve(q: Tensor, part, window: Optional[int], scale: Optional[float]) -> 
 def _autocast(*ts: Tensor) -> List[Tensor]:
     """Under CUDA autocast, float32 inputs run in the autocast dtype (as F.linear's outputs do)."""
     t0 = ts[0]
-    if t0.device.type == "cuda" and t0.dtype == torch.float32 and torch.is_autocast_enabled():
+    if t0.is_cuda and t0.dtype == torch.float32 and torch.is_autocast_enabled():
         dt = torch.get_autocast_gpu_dtype()
         return [t.to(dt) for t in ts]
     return list(ts)
@@ -298,7 +379,7 @@ def _torch_cpu(t: Tensor, algo: str) -> bool:
     """Eager CPU tensors with algo "auto" run in torch's batched kernels (_cpu_attention.py).
     Under torch.compile they take the custom op, opaque as on CUDA (a small graph, quick to
     compile; its CPU kernel is the reference)."""
-    return algo == "auto" and t.device.type == "cpu" and not _device.emulating() and \
+    return algo == "auto" and t.is_cpu and not _device.emulating() and \
         not torch.compiler.is_compiling()
 
 
@@ -323,8 +404,7 @@ def group_window_attention(q: Tensor, k: Tensor, v: Tensor, bias_table: Optional
             return o
     algo = "auto" if algo == "reference" else algo
     q, k, v = _autocast(q, k, v)
-    o, _ = _dispatch.call("attention_fwd", q, k, v, bias_table, *ix.op_args(), algo)
-    return o
+    return _dispatch.forward_indexed("attention_fwd", (q, k, v, bias_table), ix, algo)
 
 
 def group_window_attention_packed(qkv: Tensor, bias_table: Optional[Tensor], partition,
@@ -343,8 +423,7 @@ def group_window_attention_packed(qkv: Tensor, bias_table: Optional[Tensor], par
             return o
     algo = "auto" if algo == "reference" else algo
     (qkv,) = _autocast(qkv)
-    o, _ = _dispatch.call("attention_packed_fwd", qkv, bias_table, *ix.op_args(), algo)
-    return o
+    return _dispatch.forward_indexed("attention_packed_fwd", (qkv, bias_table), ix, algo)
 
 
 def partition_tokens(x: Tensor, partition) -> Tensor:

@@ -293,6 +293,41 @@ def test_eager_fast_path_is_taken_and_equals_the_custom_op(emulated):
         assert _eager.fast_calls() == before and fc.get_total_flops() > 0
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_fast_path_refuses_a_changed_index_and_a_double_backward_as_the_custom_op(packed):
+    """The fast path's attention keeps the partition's Index on its Function's context instead of
+    saving its tensors: an index tensor changed in place before the backward is refused as autograd
+    refuses a changed saved tensor, and a double backward meets the custom op's error, on both paths."""
+    from greenmim import _dispatch as _eager
+    part, q, k, v, bias = _case(dtype=torch.float64)
+    qkv = torch.stack([q, k, v], 2)
+
+    def forward(leaf, bb, p):
+        if packed:
+            return greenmim.group_window_attention_packed(leaf, bb, p, algo="reference")
+        return greenmim.group_window_attention(leaf, k, v, bb, p, algo="reference")
+
+    msgs = {}
+    for disable in (True, False):
+        with (_eager.disabled() if disable else torch.enable_grad()):
+            p = part
+            leaf = (qkv if packed else q).clone().requires_grad_()
+            bb = bias.clone().requires_grad_()
+            before = _eager.fast_calls()
+            o = forward(leaf, bb, p)
+            assert (_eager.fast_calls() > before) == (not disable)
+            g, = torch.autograd.grad(o.sum(), leaf, create_graph=True)
+            with pytest.raises(RuntimeError, match="no autograd formula was registered") as e:
+                g.sum().backward()
+            msgs[disable] = str(e.value)
+            for t in greenmim.ops.Index.tensors(p):    # each index tensor, changed in place (same values)
+                o = forward(leaf, bb, p)
+                t.add_(0)
+                with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                    o.sum().backward()
+    assert msgs[True] == msgs[False]
+
+
 def test_eager_dispatch_switch_sends_every_call_through_the_dispatcher():
     import os
     import subprocess
