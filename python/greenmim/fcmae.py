@@ -47,6 +47,9 @@ class FCMAE(nn.Module):
         if img_size % MASK_UNIT:
             raise ValueError(f"greenmim: FCMAE's image size must be a multiple of {MASK_UNIT}, got {img_size}")
         self.encoder = VisibleConvNeXtV2(encoder, grn=grn, num_classes=0, in_chans=in_chans, **encoder_kwargs)
+        # timm's head (its LayerNorm) is the classifier's, unused here: frozen at timm's initialisation
+        # (so DDP finds no parameter without a gradient), and exported as it is for a strict load
+        self.encoder.head.requires_grad_(False)
         self.img_size, self.unit, self.grid = img_size, MASK_UNIT, img_size // MASK_UNIT
         self.mask_ratio, self.norm_pix_loss, self.in_chans = mask_ratio, norm_pix_loss, in_chans
         self.proj = nn.Conv2d(self.encoder.num_features, decoder_embed_dim, kernel_size=1)

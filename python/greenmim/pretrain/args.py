@@ -58,8 +58,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--input_size", default=None, type=int, help="image side in pixels (default: the model's)")
     g.add_argument("--window_size", default=None, type=int, help="window side in tokens (default: the model's)")
     g.add_argument("--mask_ratio", default=None, type=float,
-                   help="share of mask units hidden (0 < r < 1) (default: the model's recipe: 0.75 for GreenMIM, "
-                        "0.6 for FCMAE)")
+                   help="share of mask units hidden, 0 < r < 1; fcmae_* models take their recipe's 0.6 "
+                        "(default: 0.75)")
     g.add_argument("--norm_pix_loss", dest="norm_pix_loss", action="store_true", default=True,
                    help="targets are each unit's normalised pixels (on by default; the released flag is accepted)")
     g.add_argument("--no_norm_pix_loss", dest="norm_pix_loss", action="store_false", help="raw pixel targets")
@@ -67,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
                    help="a different mask for every image (default: the model's recipe: one mask per micro-batch "
                         "for GreenMIM, as released; one per image for FCMAE)")
     g.add_argument("--shared_masks", dest="per_sample_masks", action="store_false",
-                   help="one mask per micro-batch, whatever the model's recipe")
+                   help="one mask per micro-batch, whatever the model's recipe (default: off)")
     g.add_argument("--decoder_order", default="greenmim", choices=mim.DECODER_ORDERS,
                    help="'greenmim': each visible latent at its own unit; 'released': a random permutation of "
                         "them among the visible units, as the released code does (docs/pretraining.md)")
