@@ -125,7 +125,8 @@ a = A.parser().parse_args(sys.argv[2:])
 A.validate(a)
 ctx = dist.setup(a.device, a.fsdp)
 s = engine.run(a, ctx)
-sd = {k: v.detach().cpu().clone() for k, v in s["model"].state_dict().items()}
+sd = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().clone()
+      for k, v in s["model"].state_dict().items()}
 torch.save({"params": sd, "losses": s["losses"]}, f"{sys.argv[1]}/rank{ctx.rank}.pt")
 dist.teardown(ctx)
 """
@@ -134,28 +135,36 @@ _TWO_RANKS = ["--model", ATTO, "--input_size", "64", "--batch_size", "2", "--epo
               "--lr", "1e-3", "--max_steps", "2", "--output_dir", "", "--num_workers", "0", "--device", "cpu"]
 
 
-def test_two_ddp_processes_equal_one_with_accumulation(tmp_path):
-    d = tmp_path / "ddp"
+@pytest.fixture(scope="module")
+def one_process_accumulating():
+    a = pargs.parser().parse_args(_TWO_RANKS + ["--accum_iter", "2"])
+    pargs.validate(a)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)                    # as the ranks run (OMP_NUM_THREADS=1)
+    try:
+        s = engine.run(a, dist.setup(a.device, a.fsdp))
+    finally:
+        torch.set_num_threads(threads)
+    return {"params": {k: v.detach().clone() for k, v in s["model"].state_dict().items()}, "losses": s["losses"]}
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_processes_equal_one_with_accumulation(tmp_path, mode, one_process_accumulating):
+    """DDP, and FSDP2 (its units: the decoder blocks; a rank's shard of the mask token is empty)."""
+    d = tmp_path / mode
     d.mkdir()
     driver = tmp_path / "driver.py"
     driver.write_text(_DRIVER)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(driver), str(d),
-           *_TWO_RANKS]
+           *_TWO_RANKS, *(["--fsdp"] if mode == "fsdp" else [])]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     ranks = [torch.load(d / f"rank{r}.pt", weights_only=False) for r in range(2)]
-    a = pargs.parser().parse_args(_TWO_RANKS + ["--accum_iter", "2"])
-    pargs.validate(a)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        single = engine.run(a, dist.setup(a.device, a.fsdp))
-    finally:
-        torch.set_num_threads(threads)
+    single = one_process_accumulating
     assert len(single["losses"]) == 2
     for k, v in ranks[0]["params"].items():
         assert torch.equal(v, ranks[1]["params"][k]), k
-        torch.testing.assert_close(v, single["model"].state_dict()[k], rtol=1e-5, atol=1e-5, msg=k)
+        torch.testing.assert_close(v, single["params"][k], rtol=1e-5, atol=1e-5, msg=k)
     torch.testing.assert_close(torch.tensor(ranks[0]["losses"]), torch.tensor(single["losses"]), rtol=1e-5, atol=1e-6)
