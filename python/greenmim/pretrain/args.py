@@ -213,11 +213,13 @@ def _recipe_defaults(args) -> None:
         args.notes.append(f"note: {args.model}'s recipe: {', '.join(took)} (--mask_ratio, --per_sample_masks / "
                           f"--shared_masks set them)")
     if args.model in mim.FCMAE_ARCHS:
-        for flag, bad in (("--compile", args.compile), ("--window_size", args.window_size is not None),
-                          ("--decoder_order released", args.decoder_order == "released")):
+        for flag, bad, why in (("--compile", args.compile, "its encoder builds its tables inside the step"),
+                               ("--window_size", args.window_size is not None,
+                                "ConvNeXt V2 has no windows (7x7 depthwise convolutions)"),
+                               ("--decoder_order released", args.decoder_order == "released",
+                                "its dense decoder keeps each latent at its own unit")):
             if bad:
-                raise UsageError(f"{flag} does not apply to {args.model} (FCMAE builds its ConvNeXt tables inside "
-                                 f"the step, has no windows, and its dense decoder keeps each latent at its unit)")
+                raise UsageError(f"{flag} does not apply to {args.model}: {why}")
 
 
 def _check_creatable(path: str) -> None:
