@@ -136,6 +136,11 @@ class VisibleConvNeXtV2(nn.Module):
             prev = vs
         return ConvNeXtPlan(B, (H, W), stages[0].nbr.position.long(), stages)
 
+    def plan_spec(self, group_size: int = 0) -> "UnitMasks":
+        """What the trainer's loader workers plan with (``pretrain.data.Geometry``): nothing to
+        plan ahead, the tables are built from the masks inside the step."""
+        return UnitMasks()
+
     # ---- forward -----------------------------------------------------------------------------
 
     def _block(self, blk: nn.Module, x: Tensor, st: ConvNeXtStagePlan, B: int) -> Tensor:
@@ -187,6 +192,14 @@ class VisibleConvNeXtV2(nn.Module):
         C = tokens.shape[-1]
         out = tokens.new_zeros((plan.num_masks * h * w, C)).index_copy(0, st.nbr.position.long(), tokens[0])
         return out.view(plan.num_masks, h, w, C).permute(0, 3, 1, 2)
+
+
+class UnitMasks:
+    """The trainer's plan spec for ConvNeXt V2 (picklable, for the loader's workers): the plan of
+    a micro-batch's unit masks is the masks."""
+
+    def plan(self, masks: Tensor, device=None, cache: bool = False) -> Tensor:
+        return masks if device is None else masks.to(device)
 
 
 def _drop_path(y: Tensor, dp: nn.Module, sample_of_token: Tensor, B: int, training: bool) -> Tensor:

@@ -4,6 +4,9 @@ and layout, for fine-tuning with timm:
     timm.create_model("swin_base_patch4_window7_224", pretrained=True,
                       pretrained_cfg_overlay=dict(file="OUT"))      # or "twins_svt_large", ...
 
+For FCMAE (``fcmae_convnextv2_*``) the file is timm's ``convnextv2_*`` state dict (the encoder's
+modules are timm's), with a fresh classifier head unless ``--num_classes 0``.
+
 CKPT is a ``greenmim.pretrain`` checkpoint, a GreenMIM state dict, or a checkpoint of the
 released code (then ``--layout 2022`` for every checkpoint its README links, ``2023`` for weights
 trained after its merge fix: see :mod:`greenmim.checkpoint`). The file holds the encoder and a
@@ -82,6 +85,27 @@ def infer_twins(sd: Dict[str, torch.Tensor], cfg: dict) -> Tuple[str, dict]:
     return "twins_svt_small", extra
 
 
+# timm's convnextv2_* by stage-1 width
+_CONVNEXTV2 = {40: "atto", 48: "femto", 64: "pico", 80: "nano", 96: "tiny", 128: "base", 192: "large", 352: "huge"}
+
+
+def fcmae_to_timm(sd: Dict[str, torch.Tensor], cfg: dict, num_classes: int) -> Tuple[str, dict]:
+    """(timm's convnextv2 state dict, its model name) from an FCMAE state dict: the ``encoder.``
+    keys as they are, plus a fresh head (timm's initialisation: truncated normal, std 0.02, zero
+    bias) of ``num_classes`` classes (0: none)."""
+    out = {k[len("encoder."):]: v for k, v in sd.items() if k.startswith("encoder.")}
+    width = int(out["stem.0.weight"].shape[0])
+    name = cfg.get("timm_name") or (f"convnextv2_{_CONVNEXTV2[width]}" if width in _CONVNEXTV2 else None)
+    if name is None:
+        raise GreenmimError(f"greenmim: a ConvNeXt V2 of stage-1 width {width} is not one of timm's convnextv2_*")
+    if num_classes:
+        features = int(out["head.norm.weight"].shape[0])
+        w = torch.empty(num_classes, features)
+        torch.nn.init.trunc_normal_(w, std=0.02, generator=torch.Generator().manual_seed(0))
+        out["head.fc.weight"], out["head.fc.bias"] = w, torch.zeros(num_classes)
+    return out, name
+
+
 def export(src, out: str, layout: Optional[str] = None, num_classes: int = 1000,
            img_size: Optional[int] = None) -> Tuple[str, dict]:
     """Writes the encoder of ``src`` (a path or a loaded checkpoint) to ``out`` in timm's format;
@@ -92,10 +116,14 @@ def export(src, out: str, layout: Optional[str] = None, num_classes: int = 1000,
         sd = ckpt_io.from_released(sd, layout)
     elif layout is not None:
         raise GreenmimError(f"greenmim: --layout {layout} applies to released checkpoints; this one is greenmim's")
-    timm_sd = ckpt_io.encoder_to_timm(sd, num_classes)
     cfg = obj.get("config", {}) if isinstance(obj, dict) else {}
     size = img_size or cfg.get("img_size")
-    if "patch_embeds.0.proj.weight" in timm_sd:          # Twins: its classifier is ``head``
+    fcmae = "encoder.stem.0.weight" in sd
+    timm_sd = None if fcmae else ckpt_io.encoder_to_timm(sd, num_classes)
+    if fcmae:                                           # FCMAE's ConvNeXt V2: no image size, no windows
+        timm_sd, name = fcmae_to_timm(sd, cfg, num_classes)
+        kwargs = {}
+    elif "patch_embeds.0.proj.weight" in timm_sd:          # Twins: its classifier is ``head``
         for p in ("weight", "bias"):
             if f"head.fc.{p}" in timm_sd:
                 timm_sd[f"head.{p}"] = timm_sd.pop(f"head.fc.{p}")

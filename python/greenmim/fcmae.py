@@ -14,7 +14,12 @@ token at every masked unit (``mask_token``), ``decoder_depth`` dense ConvNeXt V2
 (``pred``). Loss: per unit the mean square error against its pixels, normalised per unit with
 ``norm_pix_loss`` (mean and unbiased variance + 1e-6), averaged over the masked units only.
 ``pred`` is ``[B, L, 3072]`` and ``mask`` ``[B, L]`` (1 = masked), as :class:`greenmim.GreenMIM`
-returns them. Not yet wired into ``python -m greenmim.pretrain`` (docs/models.md).
+returns them.
+
+In the trainer (``python -m greenmim.pretrain --model fcmae_convnextv2_atto_dec512b1``, registered in
+:mod:`greenmim.mim`) the model shows the surface of :class:`greenmim.GreenMIM`: ``grid``, ``unit``,
+``encoder.img_size``, ``random_masks``, ``plan`` (here the unit masks themselves: the encoder builds
+its tables inside the step), ``reconstruct``, ``config``, ``mask_token``, ``decoder_blocks``.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from torch import Tensor, nn
 
 from .convnextv2 import MASK_UNIT, VisibleConvNeXtV2
 from .mask_plan import random_masks
-from .mim import _unit_stats, patchify
+from .mim import GreenMIM, _unit_stats, patchify
 
 __all__ = ["FCMAE", "export_encoder"]
 
@@ -42,6 +47,9 @@ class FCMAE(nn.Module):
         if img_size % MASK_UNIT:
             raise ValueError(f"greenmim: FCMAE's image size must be a multiple of {MASK_UNIT}, got {img_size}")
         self.encoder = VisibleConvNeXtV2(encoder, grn=grn, num_classes=0, in_chans=in_chans, **encoder_kwargs)
+        # timm's head (its LayerNorm) is the classifier's, unused here: frozen at timm's initialisation
+        # (so DDP finds no parameter without a gradient), and exported as it is for a strict load
+        self.encoder.head.requires_grad_(False)
         self.img_size, self.unit, self.grid = img_size, MASK_UNIT, img_size // MASK_UNIT
         self.mask_ratio, self.norm_pix_loss, self.in_chans = mask_ratio, norm_pix_loss, in_chans
         self.proj = nn.Conv2d(self.encoder.num_features, decoder_embed_dim, kernel_size=1)
@@ -50,6 +58,26 @@ class FCMAE(nn.Module):
                                        for _ in range(decoder_depth)])
         self.pred = nn.Conv2d(decoder_embed_dim, self.unit * self.unit * in_chans, kernel_size=1)
         self._init_decoder()
+        # what the trainer's Geometry and header read of an encoder (no windows: 7x7 depthwise kernels)
+        self.encoder.img_size, self.encoder.patch_size, self.encoder.window_size = img_size, 4, None
+        self.decoder_order = "greenmim"          # each latent at its own unit (the dense decoder has no other)
+
+    @property
+    def decoder_blocks(self) -> nn.Sequential:
+        """The decoder's ConvNeXt V2 blocks (GreenMIM's name for its decoder blocks)."""
+        return self.decoder
+
+    def fsdp_units(self) -> list:
+        """FSDP2's inner units: the decoder blocks. The encoder's blocks are not called as modules
+        (their weights feed the visible-token ops), so they stay in the root unit."""
+        return list(self.decoder)
+
+    def plan(self, visible: Tensor, device=None, cache: bool = True) -> Tensor:
+        """The trainer's ``plan``: the unit masks themselves, on ``device`` (the encoder builds its
+        tables from them inside the step)."""
+        return visible.to(device) if device is not None else visible
+
+    reconstruct = GreenMIM.reconstruct
 
     def _init_decoder(self) -> None:
         """The released initialisation of the decoder: truncated normal (std 0.02) weights, zero
@@ -88,8 +116,12 @@ class FCMAE(nn.Module):
         mask = mask.to(dt)
         return (per_unit * mask).sum() / mask.sum()
 
-    def forward(self, imgs: Tensor, visible: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    def forward(self, imgs: Tensor, visible: Tensor, generator=None) -> Tuple[Tensor, Tensor, Tensor]:
+        """``visible``: per-sample ``[B, g, g]``, or one ``[g, g]`` mask shared by the batch.
+        ``generator`` is accepted for the trainer's call and unused (nothing random is drawn)."""
         B, _, H, W = imgs.shape
+        if visible.dim() == 2:
+            visible = visible.expand(B, -1, -1)
         if (H, W) != (self.img_size, self.img_size) or tuple(visible.shape) != (B, self.grid, self.grid):
             raise ValueError(f"greenmim: FCMAE takes {self.img_size} px images and [B, {self.grid}, {self.grid}] "
                              f"masks, got {tuple(imgs.shape)} and {tuple(visible.shape)}")

@@ -303,6 +303,23 @@ _ARCHS: Dict[str, Tuple[type, dict, dict, str]] = {
                                              dict(decoder_embed_dim=128, decoder_num_heads=4),
                                              "a toy for CPUs and tests: Twins, dims 32-256, depths 2-2-2-2, decoder 128"),
 }
+# FCMAE (ConvNeXt V2's masked autoencoder, greenmim.fcmae): the released decoder 512 x 1, one per
+# size of timm's convnextv2_*; its recipe differs from GreenMIM's (RECIPES)
+FCMAE_SIZES = ("atto", "femto", "pico", "nano", "tiny", "base", "large", "huge")
+FCMAE_ARCHS: Dict[str, Tuple[str, str]] = {
+    f"fcmae_convnextv2_{s}_dec512b1": (f"convnextv2_{s}", f"FCMAE: ConvNeXt V2-{s}, 224 px, decoder 512 x 1"
+                                       + (" (a toy for CPUs and tests)" if s == "atto" else ""))
+    for s in FCMAE_SIZES}
+# the trainer's defaults of each family, used where the user gave no flag (greenmim.pretrain.args)
+RECIPES = {"green_mim": dict(mask_ratio=0.75, per_sample_masks=False),
+           "fcmae": dict(mask_ratio=0.6, per_sample_masks=True)}
+
+
+def recipe(name: str) -> dict:
+    """The recipe defaults of a registered model: mask ratio and per-sample masks."""
+    return dict(RECIPES["fcmae" if name in FCMAE_ARCHS else "green_mim"])
+
+
 ENCODER_KEYS = ("img_size", "window_size", "attn_impl", "strategy", "drop_path_rate", "norm_layer")
 DECODER_KEYS = ("decoder_embed_dim", "decoder_depth", "decoder_num_heads", "norm_pix_loss", "decoder_order")
 
@@ -315,6 +332,7 @@ def model_names(encoders: bool = False) -> Dict[str, str]:
     """The registered GreenMIM models and what each is; with ``encoders=True`` also the
     visible-token encoders (timm's names), which :func:`create_model` builds too."""
     out = {k: v[3] for k, v in _ARCHS.items()}
+    out.update({k: v[1] for k, v in FCMAE_ARCHS.items()})
     if encoders:
         out.update({k: v[2] for k, v in ENCODERS.items()})
     return out
@@ -329,6 +347,8 @@ def create_model(name: str, **kw):
     if name in ENCODERS:
         cls, preset, _ = ENCODERS[name]
         return cls(**{**preset, **kw})
+    if name in FCMAE_ARCHS:
+        return _create_fcmae(name, kw)
     if name not in _ARCHS:
         close = closest_model_names(name, encoders=True)
         raise GreenmimError(f"greenmim: unknown model {name!r}; did you mean one of {close}? "
@@ -346,6 +366,37 @@ def create_model(name: str, **kw):
                     "decoder_embed_dim": model.mask_token.shape[-1], "decoder_depth": len(model.decoder_blocks),
                     "decoder_num_heads": model.decoder_blocks[0].attn.num_heads if len(model.decoder_blocks) else 0,
                     "norm_pix_loss": model.norm_pix_loss, "decoder_order": model.decoder_order}
+    return model
+
+
+def _create_fcmae(name: str, kw: dict):
+    """An FCMAE model (greenmim.fcmae.FCMAE); the GreenMIM keywords that mean nothing for it are
+    refused when set (a window; the released decoder order: its dense decoder keeps each latent
+    at its unit)."""
+    from .fcmae import FCMAE
+    bad = [k for k in kw if k not in ENCODER_KEYS + DECODER_KEYS + ("grn",)]
+    if bad:
+        raise GreenmimError(f"greenmim: {name}: unknown arguments {bad}")
+    if kw.get("window_size") is not None:
+        raise GreenmimError(f"greenmim: {name} has no windows (7x7 depthwise convolutions): drop the window size")
+    if kw.get("decoder_order") not in (None, "greenmim"):
+        raise GreenmimError(f"greenmim: {name}: decoder order {kw['decoder_order']!r} is GreenMIM's; FCMAE's dense "
+                            f"decoder keeps each latent at its own unit")
+    for k in ("attn_impl", "strategy", "norm_layer", "decoder_num_heads"):
+        if kw.get(k) is not None:
+            raise GreenmimError(f"greenmim: {name}: {k} is a Swin / Twins argument")
+    args = {k: kw[k] for k in ("img_size", "decoder_embed_dim", "decoder_depth", "norm_pix_loss", "grn",
+                                "drop_path_rate") if kw.get(k) is not None}
+    try:
+        model = FCMAE(FCMAE_ARCHS[name][0], mask_ratio=RECIPES["fcmae"]["mask_ratio"], **args)
+    except ValueError as e:
+        raise GreenmimError(str(e)) from None
+    model.name = name
+    model.config = {"name": name, "encoder": "VisibleConvNeXtV2", "timm_name": model.encoder.name,
+                    "img_size": model.img_size, "decoder_embed_dim": model.mask_token.shape[1],
+                    "decoder_depth": len(model.decoder), "grn": model.encoder.grn,
+                    "norm_pix_loss": model.norm_pix_loss, "decoder_order": model.decoder_order,
+                    "drop_path_rate": args.get("drop_path_rate", 0.0)}
     return model
 
 
@@ -384,3 +435,16 @@ green_mim_swin_tiny_patch4_dec512b1 = _factory("green_mim_swin_tiny_patch4_dec51
 green_mim_swin_nano_patch4_dec128b1 = _factory("green_mim_swin_nano_patch4_dec128b1")
 green_mim_twins_large_patch4_dec512b1 = _factory("green_mim_twins_large_patch4_dec512b1")
 green_mim_twins_nano_patch4_dec128b1 = _factory("green_mim_twins_nano_patch4_dec128b1")
+
+
+def _fcmae_factory(name: str) -> Callable[..., nn.Module]:
+    def make(**kw) -> nn.Module:
+        return create_model(name, **kw)
+    make.__name__ = name
+    make.__doc__ = f"{FCMAE_ARCHS[name][1]}."
+    return make
+
+
+for _name in FCMAE_ARCHS:
+    globals()[_name] = _fcmae_factory(_name)
+del _name

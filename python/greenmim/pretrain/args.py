@@ -57,12 +57,17 @@ def parser() -> argparse.ArgumentParser:
                    help="one of: " + ", ".join(mim.model_names()))
     g.add_argument("--input_size", default=None, type=int, help="image side in pixels (default: the model's)")
     g.add_argument("--window_size", default=None, type=int, help="window side in tokens (default: the model's)")
-    g.add_argument("--mask_ratio", default=0.75, type=float, help="share of mask units hidden (0 < r < 1)")
+    g.add_argument("--mask_ratio", default=None, type=float,
+                   help="share of mask units hidden, 0 < r < 1; fcmae_* models take their recipe's 0.6 "
+                        "(default: 0.75)")
     g.add_argument("--norm_pix_loss", dest="norm_pix_loss", action="store_true", default=True,
                    help="targets are each unit's normalised pixels (on by default; the released flag is accepted)")
     g.add_argument("--no_norm_pix_loss", dest="norm_pix_loss", action="store_false", help="raw pixel targets")
-    g.add_argument("--per_sample_masks", action="store_true",
-                   help="a different mask for every image (default: one mask per micro-batch, as released)")
+    g.add_argument("--per_sample_masks", action="store_true", default=None,
+                   help="a different mask for every image (default: the model's recipe: one mask per micro-batch "
+                        "for GreenMIM, as released; one per image for FCMAE)")
+    g.add_argument("--shared_masks", dest="per_sample_masks", action="store_false",
+                   help="one mask per micro-batch, whatever the model's recipe (default: off)")
     g.add_argument("--decoder_order", default="greenmim", choices=mim.DECODER_ORDERS,
                    help="'greenmim': each visible latent at its own unit; 'released': a random permutation of "
                         "them among the visible units, as the released code does (docs/pretraining.md)")
@@ -152,6 +157,8 @@ def validate(args) -> None:
         names = mim.closest_model_names(args.model)
         raise UsageError(f"unknown --model {args.model!r}; closest: {', '.join(names)} "
                          f"(all: python -m greenmim.pretrain --help)")
+    args.notes = []
+    _recipe_defaults(args)
     if not 0.0 < args.mask_ratio < 1.0:
         raise UsageError(f"--mask_ratio must be strictly between 0 and 1, got {args.mask_ratio} (0 leaves nothing "
                          f"to reconstruct, 1 nothing to see)")
@@ -165,7 +172,6 @@ def validate(args) -> None:
     for name in ("save_every_steps", "save_every_minutes", "keep_last"):
         if getattr(args, name) < 0:
             raise UsageError(f"--{name} must be >= 0 (0: off), got {getattr(args, name)}")
-    args.notes = []
     if args.warmup_epochs is None:                 # a default adapts; only a value the user set is refused
         args.warmup_epochs = float(WARMUP_EPOCHS)
         if args.warmup_epochs > args.epochs:
@@ -190,6 +196,30 @@ def validate(args) -> None:
         raise UsageError("--cuda_graphs and --eager contradict each other: give one")
     if args.resume == "auto" and not args.output_dir:
         raise UsageError("--resume auto looks in --output_dir, which is empty")
+
+
+def _recipe_defaults(args) -> None:
+    """The model's recipe (mim.recipe) fills --mask_ratio and --per_sample_masks where the user
+    gave none; a header line says so where it departs from the trainer's GreenMIM defaults."""
+    r = mim.recipe(args.model)
+    took = []
+    if args.mask_ratio is None:
+        args.mask_ratio = r["mask_ratio"]
+        took.append(f"mask ratio {args.mask_ratio:g}")
+    if args.per_sample_masks is None:
+        args.per_sample_masks = r["per_sample_masks"]
+        took.append("one mask per image" if args.per_sample_masks else "one mask per micro-batch")
+    if took and r != mim.RECIPES["green_mim"]:
+        args.notes.append(f"note: {args.model}'s recipe: {', '.join(took)} (--mask_ratio, --per_sample_masks / "
+                          f"--shared_masks set them)")
+    if args.model in mim.FCMAE_ARCHS:
+        for flag, bad, why in (("--compile", args.compile, "its encoder builds its tables inside the step"),
+                               ("--window_size", args.window_size is not None,
+                                "ConvNeXt V2 has no windows (7x7 depthwise convolutions)"),
+                               ("--decoder_order released", args.decoder_order == "released",
+                                "its dense decoder keeps each latent at its own unit")):
+            if bad:
+                raise UsageError(f"{flag} does not apply to {args.model}: {why}")
 
 
 def _check_creatable(path: str) -> None:

@@ -75,12 +75,13 @@ def wrap(model: nn.Module, ctx: Context) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
         from torch.distributed.device_mesh import init_device_mesh
         mesh = init_device_mesh(ctx.device.type, (ctx.world,))
-        enc = model.encoder                       # Swin: layers[i].blocks; Twins: blocks[i]
-        stages = [layer.blocks for layer in enc.layers] if hasattr(enc, "layers") else enc.blocks
-        for blocks in stages:
-            for blk in blocks:
-                fully_shard(blk, mesh=mesh)
-        for blk in model.decoder_blocks:
+        if hasattr(model, "fsdp_units"):          # FCMAE: its decoder blocks (fcmae.FCMAE.fsdp_units)
+            units = model.fsdp_units()
+        else:
+            enc = model.encoder                   # Swin: layers[i].blocks; Twins: blocks[i]
+            stages = [layer.blocks for layer in enc.layers] if hasattr(enc, "layers") else enc.blocks
+            units = [blk for blocks in stages for blk in blocks] + list(model.decoder_blocks)
+        for blk in units:
             fully_shard(blk, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model

@@ -13,7 +13,7 @@ from .books import Books as _Books, Saver as _Saver, TestHooks as _TestHooks, pr
 from .args import UsageError
 
 SMALL_MODELS = ("green_mim_swin_nano_patch4_dec128b1", "green_mim_swin_tiny_patch4_dec512b1",
-                "green_mim_twins_nano_patch4_dec128b1")
+                "green_mim_twins_nano_patch4_dec128b1", "fcmae_convnextv2_atto_dec512b1")
 
 
 READBACK_STEPS = 10    # on CUDA: the losses and skip flags are read every this many steps, not every step

@@ -65,7 +65,9 @@ def choose(args, device: torch.device) -> Tuple[bool, Optional[str]]:
                             ("--amp fp16 (its GradScaler reads the device each step; bf16 runs graphed)",
                              args.amp == "fp16"),
                             ("--decoder_order released (its permutation is drawn on the host each step)",
-                             args.decoder_order == "released")) if bad]
+                             args.decoder_order == "released"),
+                            (f"{args.model} (FCMAE builds its ConvNeXt tables on the host inside the step)",
+                             args.model.startswith("fcmae_"))) if bad]
     if why:
         return False, (f"greenmim.pretrain: steps run eagerly, not as a CUDA graph: {'; '.join(why)}. "
                        f"--eager says so and silences this line")

@@ -62,6 +62,7 @@ def nonfinite(loss: torch.Tensor, params) -> torch.Tensor:
     NaN; FSDP2's sharded gradients are checked shard by shard (the caller all-reduces the flag)."""
     grads = [p.grad for p in params if p.grad is not None]
     grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+    grads = [g for g in grads if g.numel()]          # FSDP2: a rank's shard of a small parameter may be empty
     worst = [loss.detach().float().reshape(1)]
     if grads:
         worst.append(torch.stack(torch._foreach_norm(grads, float("inf"))).float().max().reshape(1))

@@ -194,8 +194,9 @@ def header(rep, args, model, images, sampler, geometry, lr, amp, ctx, workers, t
     keep = int(L * (1 - args.mask_ratio))
     masks = "one per image" if args.per_sample_masks else f"one per micro-batch of {args.batch_size}"
     where = f"{workers} loader worker{'s' if workers > 1 else ''}" if workers else "the main process (--num_workers 0)"
-    rep.print(f"greenmim.pretrain: {args.model} ({n / 1e6:.1f} M parameters): {geometry.img_size} px, window "
-              f"{geometry.window}, decoder {model.mask_token.shape[-1]} x {len(model.decoder_blocks)}, decoder order "
+    window = f", window {geometry.window}" if geometry.window else ""     # FCMAE's ConvNeXt has none
+    rep.print(f"greenmim.pretrain: {args.model} ({n / 1e6:.1f} M parameters): {geometry.img_size} px{window}, "
+              f"decoder {model.mask_token.numel()} x {len(model.decoder_blocks)}, decoder order "
               f"{model.decoder_order}, norm_pix_loss {model.norm_pix_loss}")
     rep.print(f"  data: {images.describe()}; masks: {masks}, ratio {args.mask_ratio} ({keep} of {L} units "
               f"visible), drawn and planned in {where}; images decoded "
