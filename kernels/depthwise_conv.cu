@@ -113,9 +113,11 @@ cudaError_t launch_dw_apply(dw_params p, cudaStream_t stream) {
   return launch(dw_apply<T, V, std::int64_t>, grid, k_dw_threads, 0, stream, p);
 }
 
-//! The apply kernel's parameters for `in` -> `out` (x -> y, or dy -> dx through the mirrored table).
-dw_params apply_params(const gm_depthwise_conv_args* a, const gm_tensor& in, const gm_tensor& out) {
-  dw_params p;
+//! The apply kernels' parameters for `in` -> `out` (x -> y, or dy -> dx through the mirrored
+//! table): the fields `dw_params` (3x3) and `dw_taps_params` (k x k) share.
+template <class Params>
+Params apply_params(const gm_depthwise_conv_args* a, const gm_tensor& in, const gm_tensor& out) {
+  Params p;
   p.in = in.data;
   p.res = a->residual ? in.data : nullptr;
   p.out = out.data;
@@ -131,7 +133,7 @@ dw_params apply_params(const gm_depthwise_conv_args* a, const gm_tensor& in, con
 
 template <class T>
 cudaError_t run_dw_fwd(const gm_depthwise_conv_args* a, cudaStream_t stream) {
-  dw_params p = apply_params(a, a->x, a->y);
+  dw_params p = apply_params<dw_params>(a, a->x, a->y);
   p.bias = a->bias;
   if (p.batch == 0 || p.tokens == 0 || p.channels == 0) return cudaSuccess;
   return dw_vectorizable(a, false) ? launch_dw_apply<T, 8>(p, stream) : launch_dw_apply<T, 1>(p, stream);
@@ -146,7 +148,7 @@ cudaError_t run_dw_bwd(const gm_depthwise_conv_args* a, void* workspace, cudaStr
     if (a->dbias) GM_TRY(cudaMemsetAsync(a->dbias, 0, static_cast<std::size_t>(C) * sizeof(float), stream));
   }
   if (B == 0 || N == 0 || C == 0) return cudaSuccess;
-  dw_params p = apply_params(a, a->dy, a->dx);
+  dw_params p = apply_params<dw_params>(a, a->dy, a->dx);
   p.mirrored = 1;
   GM_TRY((vec ? launch_dw_apply<T, 8>(p, stream) : launch_dw_apply<T, 1>(p, stream)));
   if (!a->dweight && !a->dbias) return cudaSuccess;
@@ -200,17 +202,7 @@ cudaError_t launch_dw_apply_taps(dw_taps_params p, cudaStream_t stream) {
 }
 
 dw_taps_params taps_params(const gm_depthwise_conv_args* a, const gm_tensor& in, const gm_tensor& out) {
-  dw_taps_params p;
-  p.in = in.data;
-  p.res = a->residual ? in.data : nullptr;
-  p.out = out.data;
-  p.in_s0 = in.stride[0]; p.in_s1 = in.stride[1];
-  p.out_s0 = out.stride[0]; p.out_s1 = out.stride[1];
-  p.nbr = a->nbr;
-  p.w = a->weight;
-  p.batch = static_cast<int>(a->x.extent[0]);
-  p.tokens = static_cast<int>(a->x.extent[1]);
-  p.channels = static_cast<int>(a->x.extent[2]);
+  dw_taps_params p = apply_params<dw_taps_params>(a, in, out);
   p.kernel = a->kernel;
   return p;
 }

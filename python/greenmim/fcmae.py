@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from .convnextv2 import MASK_UNIT, VisibleConvNeXtV2
 from .mask_plan import random_masks
-from .mim import GreenMIM, _unit_stats, patchify
+from .mim import GreenMIM
 
 __all__ = ["FCMAE", "export_encoder"]
 
@@ -104,17 +104,7 @@ class FCMAE(nn.Module):
         x = self.pred(self.decoder(x))
         return x.flatten(2).transpose(1, 2)
 
-    def forward_loss(self, imgs: Tensor, pred: Tensor, mask: Tensor) -> Tensor:
-        """Mean square error per unit (normalised pixels with ``norm_pix_loss``), averaged over the
-        masked units (``mask`` 1)."""
-        dt = torch.promote_types(pred.dtype, torch.float32)
-        target = patchify(imgs.to(dt), self.unit)
-        if self.norm_pix_loss:
-            mean, std = _unit_stats(target)
-            target = (target - mean) / std
-        per_unit = (pred.to(dt) - target).square().mean(dim=-1)
-        mask = mask.to(dt)
-        return (per_unit * mask).sum() / mask.sum()
+    forward_loss = GreenMIM.forward_loss   # the same loss on the same unit layout (norm-pix MSE on masked units)
 
     def forward(self, imgs: Tensor, visible: Tensor, generator=None) -> Tuple[Tensor, Tensor, Tensor]:
         """``visible``: per-sample ``[B, g, g]``, or one ``[g, g]`` mask shared by the batch.

@@ -254,7 +254,7 @@ def test_uint8_crops_normalized_on_the_device_equal_the_released_transform():
 
 
 def test_default_workers_share_the_cpus_among_the_node_s_ranks(monkeypatch):
-    monkeypatch.setattr(data.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert data.worker_count(None) == 15                      # one process: all but its own core
     assert data.worker_count(None, local_world=8) == 1        # 8 ranks on 16 cores: 2 each
@@ -262,7 +262,7 @@ def test_default_workers_share_the_cpus_among_the_node_s_ranks(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert data.worker_count(None) == 3                       # torchrun's count of this node's ranks
     assert data.worker_count(0) == 0 and data.worker_count(5) == 5   # --num_workers as given
-    monkeypatch.setattr(data.os, "sched_getaffinity", lambda pid: set(range(256)))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(256)))
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert data.worker_count(None) == 32                      # capped
 

@@ -20,7 +20,6 @@ sources of images are in ``images``.
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import List, Optional, Tuple
 
 import torch
@@ -29,6 +28,7 @@ from torch import Tensor
 from .. import mask_plan
 from .._lib import GreenmimError
 from . import crops, decode as _decode
+from .dist import node_cpus
 from .images import (IMAGE_EXTENSIONS, SAMPLE_CROPS_PER_EPOCH, SAMPLE_HELD_OUT, SAMPLE_TRAIN, SKIP_LIMIT,  # noqa: F401
                      DataError, ImageFiles, SamplePhotographs)
 
@@ -265,10 +265,5 @@ def worker_count(requested: Optional[int], local_world: Optional[int] = None) ->
     deliver them, so the default uses the cores."""
     if requested is not None:
         return requested
-    if local_world is None:
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, min(32, cpus // max(local_world, 1) - 1))
+    cpus, local_world = node_cpus(local_world)
+    return max(1, min(32, cpus // local_world - 1))

@@ -145,6 +145,17 @@ def all_finite(model: nn.Module, ctx: Context) -> bool:
     return float(bad) == 0.0
 
 
+def node_cpus(local_world=None):
+    """(the cores this process may run on, the processes on this node: torchrun's LOCAL_WORLD_SIZE)."""
+    if local_world is None:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return cpus, max(local_world, 1)
+
+
 def cpu_split(requested_workers, local_world=None):
     """On the CPU: (loader workers, intra-op threads of this process, how they were chosen). The
     cores this process may use, shared among the node's processes (torchrun's LOCAL_WORLD_SIZE),
@@ -152,13 +163,8 @@ def cpu_split(requested_workers, local_world=None):
     one worker keeps a step fed. OMP_NUM_THREADS wins when it is set. Without this, each process
     kept torch's default (every core) next to its workers, and a 12-step run on 2 cores took
     28-58 s against 10-11 s with one thread."""
-    if local_world is None:
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    share = max(1, cpus // max(local_world, 1))
+    cpus, local_world = node_cpus(local_world)
+    share = max(1, cpus // local_world)
     workers = requested_workers if requested_workers is not None else (1 if share < 16 else 2)
     if os.environ.get("OMP_NUM_THREADS"):
         return workers, torch.get_num_threads(), "OMP_NUM_THREADS"
