@@ -84,6 +84,7 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capfd):
     _bad(tmp_path, "no such folder", *_quick(o, "--data_path", str(tmp_path / "missing")), capfd=capfd)
     (tmp_path / "empty" / "cls").mkdir(parents=True)
     _bad(tmp_path, "no image found", *_quick(o, "--data_path", str(tmp_path / "empty")), capfd=capfd)
+    _bad(tmp_path, "--decode gpu: the step runs on cpu", *_quick(o, "--decode", "gpu"), capfd=capfd)
     _bad(tmp_path, "strictly between 0 and 1", *_quick(o, "--mask_ratio", "0"), capfd=capfd)
     _bad(tmp_path, "strictly between 0 and 1", *_quick(o, "--mask_ratio", "1"), capfd=capfd)
     _bad(tmp_path, "closest: green_mim_swin_base_patch4_dec512b1", *_quick(o, "--model",
