@@ -11,6 +11,12 @@
   ``Hiera`` (``hiera_base_224``'s sizes; MAE pools q twice, ``q_pool=2``): masking of whole 8x8
   mask units (60%), the multi-scale fusion heads, the decoder (512, 8 blocks, 16 heads) at the
   last stage's 14x14 tokens, and the normalised-pixel loss at stride 16 on the masked units.
+- ``MaskedDenseFCMAE``: FCMAE (ConvNeXt V2) the JAX / SparK way, the practical peer of greenmim's
+  sparse FCMAE: timm's ConvNeXt V2 modules on the whole image, the masked 32-px units zeroed
+  before the stem, after the stem and each downsampling layer, and after each block; every site
+  is computed whatever the mask. The same decoder and loss as ``greenmim.fcmae.FCMAE`` (its own
+  modules). The block's inner ops are timm's, unmasked (its GRN norms over masked sites too): a
+  peer for time, memory and FLOPs, not an oracle (python/tests/test_convnextv2.py holds that).
 
 Each model's ``forward(img, item)`` returns the loss (``full=True``) or the encoder's output on the
 visible tokens (``full=False``: train_step.py's encoder-only rows take its mean square). The item
@@ -36,7 +42,7 @@ from torch import nn
 
 import greenmim
 
-DENSE = ("simmim", "mae", "hiera")          # rows whose item is a tensor (a mask), not a greenmim plan
+DENSE = ("simmim", "mae", "hiera", "masked-dense")          # rows whose item is a tensor (a mask), not a greenmim plan
 
 
 def fused_attention_on(model: nn.Module) -> int:
@@ -306,6 +312,41 @@ PEERS = {
             dict(embed_dim=16, num_heads=1, stages=(1, 1, 1, 1), dec_dim=32, dec_depth=1, dec_heads=2)),
 }
 
+class MaskedDenseFCMAE(nn.Module):
+    """The dense masked FCMAE step (see the module docstring) around an FCMAE ``fcmae``:
+    ``forward(img, visible)`` -> the loss; ``visible`` bool ``[B, H/32, W/32]`` per sample."""
+
+    def __init__(self, fcmae: nn.Module):
+        super().__init__()
+        self.fcmae = fcmae
+
+    def forward(self, imgs: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        m, enc = self.fcmae, self.fcmae.encoder
+        B = imgs.shape[0]
+
+        def keep(r):                     # [B, 1, g*r, g*r]: 1 at the visible units' sites
+            return visible.repeat_interleave(r, 1).repeat_interleave(r, 2).unsqueeze(1).to(imgs.dtype)
+        x = enc.stem(imgs * keep(32)) * keep(8)
+        for s, stage in enumerate(enc.stages):
+            k = keep(8 >> s)
+            if s:
+                x = stage.downsample(x) * k
+            for blk in stage.blocks:
+                x = blk(x) * k
+        x = m.proj(enc.norm_pre(x))
+        masked = (~visible).unsqueeze(1).to(x.dtype)
+        x = x * (1 - masked) + m.mask_token.to(x.dtype) * masked
+        pred = m.pred(m.decoder(x)).flatten(2).transpose(1, 2)
+        return m.forward_loss(imgs, pred, (~visible).reshape(B, -1).float())
+
+
+def make_convnext_row(row: str, cfg: dict, args, device):
+    """ConvNeXt V2's rows: ``greenmim`` (greenmim's FCMAE, registry ``cfg["registry"]``) or
+    ``masked-dense`` (the same FCMAE run densely, ``MaskedDenseFCMAE``)."""
+    model = greenmim.create_model(cfg["registry"], img_size=args.img, **cfg.get("kwargs", {}))
+    return (MaskedDenseFCMAE(model) if row == "masked-dense" else model).to(device)
+
+
 def make_twins_row(row: str, cfg: dict, args, device):
     width = cfg["embed_dims"][-1]
     if row == "simmim":
@@ -331,6 +372,8 @@ def make_peer(row: str, cfg: dict, args, device):
 
 def make_row(row: str, cfg: dict, args, device):
     """The row's model; SimMIM and the peers with timm's fused attention on (at their strongest)."""
+    if getattr(args, "convnext", False):
+        return make_convnext_row(row, cfg, args, device)
     if row in ("mae", "hiera"):
         model = make_peer(row, cfg, args, device)
     elif args.twins:

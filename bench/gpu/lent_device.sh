@@ -21,8 +21,16 @@
 #   5. swin-l, twins-l   the same as stage 3 with rows simmim, greenmim, per-sample
 #   6. compiled   Swin-B compiled (torch.compile) and graphed, simmim and greenmim rows
 #   7. trace      Swin-B eager steps under torch.profiler: host and GPU time by category
-# Files in the folder (a device call returns 8): summary.md, build.log, ab.log, train_swin_b.log,
-# pretrain_e2e.log, train_swin_l_twins_l.log, train_compiled.log, trace.log.
+#   8. convnextv2-b  train_step.py --model convnextv2_base: greenmim's sparse FCMAE step against the
+#                 dense masked FCMAE step (JAX/SparK), ratio 0.6, per-sample masks, with MFU and the
+#                 line `masked-dense / greenmim step time: R` (goal >= 2)
+#   9. dw7        greenmim_dw7_gpu_bench (bench/CMakeLists.txt; the build folder reconfigured with
+#                 GREENMIM_BUILD_BENCH=ON, that target only): the 7x7 depthwise against a copy's
+#                 bandwidth (goal >= 60%)
+# Stages 8 and 9 come last, so with the default BUDGET they run only when the earlier ones leave
+# time: for them first, run with a larger BUDGET or after a session that measured stages 3-7.
+# Files in the folder (a device call returns 10): summary.md, build.log, ab.log, train_swin_b.log,
+# pretrain_e2e.log, train_swin_l_twins_l.log, train_compiled.log, trace.log, train_convnext.log, dw7.log.
 # Environment: BUDGET (s, default 480), BATCH (128), E2E_STEPS (60), E2E_IMAGES (8192: 64 steps, one epoch),
 # PYTHON (python3), GREENMIM_LIB_DIR (--dry-run: the libraries to use; default build/lib),
 # GM_MAKE_JPEGS (default bench/make_jpegs.py).
@@ -227,6 +235,22 @@ if [ "$GM_DRY" = 1 ]; then GM_TRACE=(--toy --full --rows greenmim)
 else GM_TRACE=(--batch "$BATCH" --full --steps 5 --warmup 2 --rows simmim,greenmim); fi
 stage "trace swin-b eager" 90 "$GM_OUT/trace.log" \
   "$PYTHON" "${TS[@]}" --model swin_base_patch4_window7_224 "${GM_TRACE[@]}" --trace "$GM_SCRATCH/traces"
+
+# ---- 8. ConvNeXt V2-B: greenmim's sparse FCMAE step against the dense masked step ----------------------------
+if [ "$GM_DRY" = 1 ]; then GM_CNX=(--cpu --batch 4 --steps 1 --warmup 0)
+else GM_CNX=(--batch "$BATCH" --steps 10 --warmup 3 --plans loader); fi
+stage "train convnextv2-b (fcmae, masked-dense vs greenmim)" 120 "$GM_OUT/train_convnext.log" \
+  "$PYTHON" "${TS[@]}" --model convnextv2_base "${GM_CNX[@]}"
+grep -E "^\| (masked-dense|greenmim) \||^masked-dense / greenmim" "$GM_OUT/train_convnext.log" >> "$GM_SUMMARY"
+
+# ---- 9. the 7x7 depthwise kernels against a copy's bandwidth ---------------------------------------------
+if [ "$GM_DRY" = 1 ]; then
+  say "dw7 greenmim_dw7_gpu_bench: not run (dry run: no device)"
+else
+  stage "dw7 build" 90 "$GM_OUT/dw7.log" cmake -S . -B "$GM_BUILD" -DGREENMIM_BUILD_BENCH=ON &&
+    stage "dw7 build" 90 "$GM_OUT/dw7.log" cmake --build "$GM_BUILD" -j "$(nproc)" --target greenmim_dw7_gpu_bench &&
+    stage "dw7 greenmim_dw7_gpu_bench" 60 "$GM_OUT/dw7.log" "$GM_BUILD/bin/greenmim_dw7_gpu_bench" --model base --batch 64
+fi
 
 say "done in $(( $(date +%s) - GM_T0 ))s of ${BUDGET}s; logs in $GM_OUT"
 rm -rf "$GM_SCRATCH"

@@ -11,6 +11,13 @@ square of the encoder's output; with --full, each row is the whole pretraining m
   released    our visible-token encoder with the released attention path in plain PyTorch
   mae         MAE ViT-B/16 on its 25% visible patches (timm's ViT blocks; --full: MAE's decoder and loss)
   hiera       Hiera-B's MAE on timm's Hiera (hiera_base_224's sizes), 60% of its mask units masked
+--model convnextv2_base (ConvNeXt V2's FCMAE, always whole models, ratio 0.6, per-sample masks):
+  masked-dense  the dense masked FCMAE step, the JAX / SparK way (the practical peer): timm's
+                convnextv2_base on the whole image, masked units zeroed before the stem and after
+                the stem, each downsampling and each block; the same decoder and loss
+                (baselines.MaskedDenseFCMAE)
+  greenmim      greenmim's sparse FCMAE (fcmae_convnextv2_base_dec512b1): the encoder on the
+                visible tokens only
 --full: the paper's real comparison, whole models (encoder, decoder, loss):
   simmim      SimMIM: timm's Swin with a mask token, its linear decoder (1x1 conv + pixel
               shuffle to the 32 px stride) and L1 on the masked pixels
@@ -36,6 +43,8 @@ bf16 peak (PEAK_BF16_TFLOPS, from NVIDIA's datasheets; an unknown device or the 
     python bench/gpu/train_step.py --cpu          # the --full rows for a toy Swin on this CPU
     python bench/gpu/train_step.py --cpu --model toy-twins     # ... for a toy Twins
     python bench/gpu/train_step.py --toy          # CPU, tiny model, 1 step: the CI smoke run
+    python bench/gpu/train_step.py --model convnextv2_base --batch 128   # FCMAE: masked-dense vs greenmim
+    python bench/gpu/train_step.py --toy --model convnextv2_base         # ... convnextv2_atto, CPU smoke run
     python bench/gpu/train_step.py --full --rows greenmim --trace traces/   # + profiler trace, time by category
     python bench/gpu/train_step.py --full --compile [reduce-overhead]        # every row torch.compile'd
     python bench/gpu/train_step.py --full --graphs --compile --compile-rows simmim,greenmim   # compile where it helps
@@ -70,7 +79,13 @@ TWINS = {
     "twins_svt_large": (dict(embed_dims=(128, 256, 512, 1024), depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)), 224),
     "toy-twins": (dict(embed_dims=(32, 64, 128, 256), depths=(2, 2, 2, 2), num_heads=(1, 2, 4, 8)), 224),
 }
+# ConvNeXt V2 (FCMAE): name -> (the rows' model: greenmim's registry name and its keywords, image size)
+CONVNEXT = {
+    "convnextv2_base": (dict(registry="fcmae_convnextv2_base_dec512b1"), 224),
+    "toy-convnext": (dict(registry="fcmae_convnextv2_atto_dec512b1", kwargs=dict(decoder_embed_dim=128)), 224),
+}
 ROWS = ("simmim", "greenmim", "per-sample", "released", "mae", "hiera")
+CONVNEXT_ROWS = ("masked-dense", "greenmim")
 # dense bf16 tensor-core peaks, TFLOP/s (NVIDIA datasheets, without sparsity), by device name; the
 # first entry whose key is in torch.cuda.get_device_name() wins (more specific names first)
 PEAK_BF16_TFLOPS = (("H200 NVL", 835.0), ("H200", 989.0), ("GH200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0),
@@ -111,7 +126,7 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
     grid = args.img // 32
     amp_dtype = torch.bfloat16 if device.type == "cuda" else None
     clock = Clock(device)
-    per_sample = row == "per-sample"
+    per_sample = row == "per-sample" or args.convnext        # FCMAE's masks are per sample
     g0 = args.img // 4
     compiled = bool(args.compile) and (args.compile_rows is None or row in args.compile_rows)
 
@@ -146,6 +161,8 @@ def run_row(row: str, cfg: dict, args, device) -> dict:
         if row in ("mae", "hiera"):
             return model.draw(args.batch, gen)
         units = unit_masks(args.batch, per_sample, args.ratio, gen, grid)
+        if row == "masked-dense":
+            return units
         return simmim_mask(units) if row == "simmim" else plan_fn(units)
 
     ready = None
@@ -232,13 +249,25 @@ def step_flops(loss_fn, amp, model) -> float:
     from torch.utils.flop_counter import FlopCounterMode
     import greenmim.flops
     greenmim.flops.register_flop_formulas()
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops})
     with counter:
         with amp:
             loss = loss_fn()
         loss.backward()
     model.zero_grad(set_to_none=True)
     return float(counter.get_total_flops())
+
+
+def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                        _output_padding, _groups, output_mask, out_shape=None, **kw) -> int:
+    """A convolution's backward: each of grad_input and grad_weight (when asked) costs the forward's
+    multiply-adds. torch's own formula (torch 2.11, torch.utils.flop_counter.conv_backward_flop)
+    counts grad_weight as if the conv had one group: a depthwise conv's backward (ConvNeXt's 7x7,
+    Twins' PEG in timm's models) by C times too much (a 7x7 depthwise at 64 channels: 640 MFLOP
+    against 20)."""
+    from torch.utils.flop_counter import conv_flop_count
+    fwd = conv_flop_count(x_shape, w_shape, grad_out_shape, transposed=transposed)
+    return fwd * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
 def trace_steps(step, row: str, args, device) -> dict:
@@ -325,14 +354,15 @@ def breakdown(cfg: dict, args, device) -> list:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="swin_base_patch4_window7_224", choices=sorted(MODELS) + sorted(TWINS))
+    ap.add_argument("--model", default="swin_base_patch4_window7_224",
+                    choices=sorted(MODELS) + sorted(TWINS) + sorted(CONVNEXT))
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--img", type=int, default=None, help="image size (default: the model's)")
-    ap.add_argument("--ratio", type=float, default=0.75)
+    ap.add_argument("--ratio", type=float, default=None, help="mask ratio (default 0.75; ConvNeXt V2: FCMAE's 0.6)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=20, help="repetitions of each breakdown timing")
-    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--rows", default=None, help=f"comma-separated (default: all; ConvNeXt V2: {','.join(CONVNEXT_ROWS)})")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", default=None, help="also write the rows here")
@@ -366,12 +396,22 @@ def main(argv=None) -> int:
                          "(MAE's and Hiera's at toy sizes too), no breakdown")
     args = ap.parse_args(argv)
     args.twins = args.model in TWINS
+    args.convnext = args.model in CONVNEXT
+    if args.ratio is None:
+        args.ratio = 0.6 if args.convnext else 0.75
+    if args.rows is None:
+        args.rows = ",".join(CONVNEXT_ROWS if args.convnext else ROWS)
+    if args.convnext:
+        args.full = True                          # the FCMAE step: encoder, decoder and loss
+        if args.compile or args.graphs:
+            ap.error("--compile and --graphs are not wired for the ConvNeXt V2 rows yet")
     if args.cpu:
-        args.model = "toy-twins" if args.twins else "toy"
+        args.model = "toy-twins" if args.twins else ("toy-convnext" if args.convnext else "toy")
         args.full, args.device, args.no_breakdown = True, "cpu", True
         args.batch = args.batch if args.batch != 128 else 16
     if args.toy:
-        args.model = "toy-twins" if args.twins else ("toy-v2" if MODELS[args.model][3] else "toy")
+        args.model = "toy-twins" if args.twins else "toy-convnext" if args.convnext else \
+            ("toy-v2" if MODELS[args.model][3] else "toy")
         args.batch, args.steps, args.warmup, args.reps, args.device = 2, 1, 1, 1, "cpu"
     args.trace_steps = 1 if args.toy else 3
     if args.compile and not args.full:
@@ -381,16 +421,20 @@ def main(argv=None) -> int:
     if args.batch < 1 or args.steps < 1 or args.warmup < 0:
         ap.error("--batch and --steps must be >= 1, --warmup >= 0")
     rows = [r for r in args.rows.split(",") if r]
-    bad = [r for r in rows if r not in ROWS]
+    allowed = CONVNEXT_ROWS if args.convnext else ROWS
+    bad = [r for r in rows if r not in allowed]
     if bad:
-        ap.error(f"unknown rows {bad}; choose from {ROWS}")
+        ap.error(f"unknown rows {bad} for {args.model}; choose from {allowed}")
     if args.compile_rows is not None:
         args.compile_rows = [r for r in args.compile_rows.split(",") if r]
         bad = [r for r in args.compile_rows if r not in ROWS]
         if bad or not args.compile:
             ap.error(f"--compile-rows needs --compile and rows from {ROWS}" + (f" (unknown {bad})" if bad else ""))
     device = torch.device(args.device)
-    if args.twins:
+    if args.convnext:
+        (cfg, img), args.window, args.v2 = CONVNEXT[args.model], None, False
+        args.no_breakdown = True                 # the breakdown times Swin's attention stages only
+    elif args.twins:
         (cfg, img), args.window, args.v2 = TWINS[args.model], 7, False
         args.no_breakdown = True                 # the breakdown times Swin's attention stages only
     else:
@@ -404,7 +448,8 @@ def main(argv=None) -> int:
           f"plans {args.plans}, {compiled}"
           f"{'no recompute, ' if args.no_recompute else ''}{'CUDA graphs, ' if args.graphs else ''}"
           f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}, AdamW, {name}, torch {torch.__version__}")
-    print("timm's fused attention on in the simmim, mae and hiera rows; "
+    print(("masked-dense: timm's ConvNeXt V2 on every site; " if args.convnext else
+           "timm's fused attention on in the simmim, mae and hiera rows; ")
           + (f"MFU against {args.peak_tflops:g} TFLOP/s dense bf16 ({name})" if args.peak_tflops else
              f"MFU blank: no dense bf16 peak known for {name}"))
     results = []
@@ -412,10 +457,11 @@ def main(argv=None) -> int:
         res = run_row(r, cfg, args, device)
         results.append(res)
         print(f"{r}: {res['ms']:.2f} ms/step (median of {args.steps}), peak {res['peak_gib']:.2f} GiB", flush=True)
-    print("\n| row | median ms/step | min ms | images/s | peak GiB | GFLOP/step | MFU | speed-up vs simmim "
-          "| memory vs simmim |")
+    ref = "masked-dense" if args.convnext else "simmim"
+    print(f"\n| row | median ms/step | min ms | images/s | peak GiB | GFLOP/step | MFU | speed-up vs {ref} "
+          f"| memory vs {ref} |")
     print("|---|---|---|---|---|---|---|---|---|")
-    base = next((x for x in results if x["row"] == "simmim"), None)
+    base = next((x for x in results if x["row"] == ref), None)
     for x in results:
         sp = f"{base['ms'] / x['ms']:.2f}x" if base else "-"
         mem = f"{100 * x['peak_gib'] / base['peak_gib']:.0f}%" if base and base["peak_gib"] == base["peak_gib"] else "-"
@@ -426,6 +472,9 @@ def main(argv=None) -> int:
     by = {x["row"]: x for x in results}
     if "greenmim" in by and "per-sample" in by:
         print(f"per-sample / shared step time: {by['per-sample']['ms'] / by['greenmim']['ms']:.3f}")
+    if args.convnext and "greenmim" in by and "masked-dense" in by:
+        print(f"masked-dense / greenmim step time: {by['masked-dense']['ms'] / by['greenmim']['ms']:.3f} "
+              f"(goal >= 2 at ratio 0.6), GFLOP ratio {by['masked-dense']['gflop'] / by['greenmim']['gflop']:.3f}")
     if "greenmim" in by and "released" in by:
         print(f"released / greenmim step time: {by['released']['ms'] / by['greenmim']['ms']:.3f}")
     if args.csv:

@@ -60,12 +60,12 @@ def register_flop_formulas() -> None:
             return 2 * attention((B, N, H, D), group_size, index)
 
         @register_flop_formula(g.depthwise_conv3x3_fwd)
-        def _(x, nbr, weight, *args, out_shape=None, **kw):
-            return 2 * 9 * x[0] * x[1] * x[2]
+        def _(x, nbr, weight, *args, out_shape=None, **kw):        # k x k taps a token (PEG 3x3, ConvNeXt 7x7)
+            return 2 * weight[-2] * weight[-1] * x[0] * x[1] * x[2]
 
         @register_flop_formula(g.depthwise_conv3x3_bwd)   # dx, and dweight when asked
         def _(dy, x, nbr, weight, residual, need_dw, *args, out_shape=None, **kw):
-            return (2 if need_dw else 1) * 2 * 9 * x[0] * x[1] * x[2]
+            return (2 if need_dw else 1) * 2 * weight[-2] * weight[-1] * x[0] * x[1] * x[2]
 
         @register_flop_formula(g.block_conv_fwd)
         def _(x, gather, weight, *args, out_shape=None, **kw):

@@ -290,3 +290,38 @@ def test_fcmae_export_loads_in_timm_and_bad_input_is_refused():
         model(img, torch.ones(2, 2, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"\[B, 2, 2\] masks"):
         model(img, torch.ones(2, 7, 7, dtype=torch.bool))
+
+
+def _convnext_flops():
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[2] / "bench" / "convnext_flops.py"
+    spec = importlib.util.spec_from_file_location("convnext_flops", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_convnext_flops_bench_visible_against_dense():
+    """bench/convnext_flops.py at toy size (atto, 96 px, a 3x3 grid of units): with per-sample masks
+    of different sizes each stage's visible count is below the dense one and saves the masked share
+    of the units (every counted op is per token, the 7x7 depthwise k*k taps a token as timm's dense
+    conv counts them); with every unit visible the counts are equal (LayerNorm, GELU and GRN count
+    zero FLOPs in both: FlopCounterMode counts matmuls and convolutions)."""
+    bench = _convnext_flops()
+    g = torch.Generator().manual_seed(3)
+    masks = torch.zeros(3, 3, 3, dtype=torch.bool)
+    for b, keep in enumerate((1, 4, 8)):                 # a corner-only sample, a middle one, nearly all
+        masks[b].view(-1)[torch.randperm(9, generator=g)[:keep]] = True
+    r = bench.stage_flops("convnextv2_atto", img=96, visible=masks)
+    share = int(masks.sum()) / masks.numel()
+    assert r["visible_share"] == share
+    for s in r["stages"]:
+        assert 0 < s["visible_gflops"] < s["dense_gflops"]
+        assert abs(s["saved"] - (1 - share)) < 1e-9, (s, share)
+    full = bench.stage_flops("convnextv2_atto", img=96, visible=torch.ones(2, 3, 3, dtype=torch.bool))
+    for s in full["stages"]:
+        assert s["dense_gflops"] > 0 and s["visible_gflops"] == s["dense_gflops"]
+    assert bench.main(["--model", "convnextv2_atto", "--img", "64", "--batch", "1", "--json"]) == 0
+    with pytest.raises(SystemExit):
+        bench.main(["--img", "100"])

@@ -280,3 +280,42 @@ def test_step_profile_sorts_host_and_gpu_events_into_categories():
     assert abs(g["idle"] - (2.0 - 0.7) / 2) < 1e-12                    # busy: [0, 600] and [1000, 1100] us
     text = sp.table(cats, 1.0)
     assert "| greenmim ops | 0.035 | 3.5 | 0.150 | 15.0 |" in text and "| idle | - | - |" in text
+
+
+def test_train_step_toy_convnextv2_rows():
+    """--model convnextv2_base --toy: greenmim's sparse FCMAE step against the dense masked FCMAE
+    step (convnextv2_atto, 224 px, ratio 0.6, per-sample masks). Both run a whole step; the dense
+    step counts more FLOPs, at most the encoder's all-sites/visible-sites factor (49 units / 19
+    visible) more, the shared decoder making it less; a Swin row is refused for ConvNeXt V2."""
+    import json
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, str(ROOT / "bench/gpu/train_step.py"), "--toy", "--model", "convnextv2_base",
+                          "--json"], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "toy-convnext, batch 2, 224 px, ratio 0.6" in out.stdout and "masked-dense / greenmim step time" in out.stdout
+    rows = {r["row"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])["rows"]}
+    assert set(rows) == {"masked-dense", "greenmim"}
+    for r in rows.values():
+        assert r["ms"] > 0 and r["images_per_s"] > 0 and r["gflop"] > 0
+    keep = int(49 * (1 - 0.6))
+    assert 1 < rows["masked-dense"]["gflop"] / rows["greenmim"]["gflop"] < 49 / keep
+    bad = subprocess.run([sys.executable, str(ROOT / "bench/gpu/train_step.py"), "--toy", "--model", "convnextv2_base",
+                          "--rows", "simmim"], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and "unknown rows" in bad.stderr
+
+
+def test_conv_backward_flops_counts_groups():
+    """train_step's convolution-backward formula: a depthwise conv's backward costs its forward once
+    for grad_input and once for grad_weight (torch's own formula counts grad_weight as one group)."""
+    sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from train_step import conv_backward_flops
+    for groups, need_dx in ((1, True), (16, True), (16, False)):
+        conv = torch.nn.Conv2d(16, 32, 7, padding=3, groups=groups)
+        x = torch.randn(2, 16, 9, 11, requires_grad=need_dx)
+        counter = FlopCounterMode(display=False, custom_mapping={torch.ops.aten.convolution_backward: conv_backward_flops})
+        with counter:
+            conv(x).sum().backward()
+        fwd = 2 * 2 * 9 * 11 * 32 * (16 // groups) * 49
+        assert counter.get_total_flops() == fwd * (3 if need_dx else 2)
