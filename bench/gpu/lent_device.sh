@@ -22,7 +22,8 @@
 #   6. compiled   Swin-B compiled (torch.compile) and graphed, simmim and greenmim rows
 #   7. trace      Swin-B eager steps under torch.profiler: host and GPU time by category
 #   8. convnextv2-b  train_step.py --model convnextv2_base: greenmim's sparse FCMAE step against the
-#                 dense masked FCMAE step (JAX/SparK), ratio 0.6, per-sample masks, with MFU and the
+#                 dense masked FCMAE step (JAX/SparK), ratio 0.6, per-sample masks, both under CUDA
+#                 graphs (the trainer's default; the plans made ahead, as its loader), with MFU and the
 #                 line `masked-dense / greenmim step time: R` (goal >= 2)
 #   9. dw7        greenmim_dw7_gpu_bench (bench/CMakeLists.txt; the build folder reconfigured with
 #                 GREENMIM_BUILD_BENCH=ON, that target only): the 7x7 depthwise against a copy's
@@ -238,7 +239,7 @@ stage "trace swin-b eager" 90 "$GM_OUT/trace.log" \
 
 # ---- 8. ConvNeXt V2-B: greenmim's sparse FCMAE step against the dense masked step ----------------------------
 if [ "$GM_DRY" = 1 ]; then GM_CNX=(--cpu --batch 4 --steps 1 --warmup 0)
-else GM_CNX=(--batch "$BATCH" --steps 10 --warmup 3 --plans loader); fi
+else GM_CNX=(--batch "$BATCH" --steps 10 --warmup 3 --plans loader --graphs); fi   # graphed: the trainer's default
 stage "train convnextv2-b (fcmae, masked-dense vs greenmim)" 120 "$GM_OUT/train_convnext.log" \
   "$PYTHON" "${TS[@]}" --model convnextv2_base "${GM_CNX[@]}"
 grep -E "^\| (masked-dense|greenmim) \||^masked-dense / greenmim" "$GM_OUT/train_convnext.log" >> "$GM_SUMMARY"

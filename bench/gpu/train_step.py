@@ -403,8 +403,6 @@ def main(argv=None) -> int:
         args.rows = ",".join(CONVNEXT_ROWS if args.convnext else ROWS)
     if args.convnext:
         args.full = True                          # the FCMAE step: encoder, decoder and loss
-        if args.compile or args.graphs:
-            ap.error("--compile and --graphs are not wired for the ConvNeXt V2 rows yet")
     if args.cpu:
         args.model = "toy-twins" if args.twins else ("toy-convnext" if args.convnext else "toy")
         args.full, args.device, args.no_breakdown = True, "cpu", True
@@ -427,9 +425,9 @@ def main(argv=None) -> int:
         ap.error(f"unknown rows {bad} for {args.model}; choose from {allowed}")
     if args.compile_rows is not None:
         args.compile_rows = [r for r in args.compile_rows.split(",") if r]
-        bad = [r for r in args.compile_rows if r not in ROWS]
+        bad = [r for r in args.compile_rows if r not in allowed]
         if bad or not args.compile:
-            ap.error(f"--compile-rows needs --compile and rows from {ROWS}" + (f" (unknown {bad})" if bad else ""))
+            ap.error(f"--compile-rows needs --compile and rows from {allowed}" + (f" (unknown {bad})" if bad else ""))
     device = torch.device(args.device)
     if args.convnext:
         (cfg, img), args.window, args.v2 = CONVNEXT[args.model], None, False

@@ -94,6 +94,11 @@ def reshape_gather(num_outputs: int, stride: int, device=None) -> Tensor:
 
 
 def mark_valid(table) -> None:
+    """Records a builder's table as checked. Not under torch.compile (where the check is skipped
+    too): dynamo would trace the store into the weak cache and guard on its keys, which the
+    collector changes between calls."""
+    if torch.compiler.is_compiling():
+        return
     _valid[table] = getattr(table, "reshape", None)
 
 
@@ -137,14 +142,10 @@ def _host_mask(visible: Tensor) -> Tuple[Tensor, bool]:
     return (host if per_sample else host.unsqueeze(0)).contiguous(), per_sample
 
 
-def _build(visible: Tensor, kind: int, size: int, device, cache: bool):
-    host, per_sample = _host_mask(visible)
-    device = torch.device(device) if device is not None else visible.device
-    key = ("conv_table", host.numpy().tobytes(), tuple(host.shape), per_sample, kind, size, str(device))
-    if cache:
-        hit = mask_plan.plan_cache.get(key)
-        if hit is not None:
-            return hit
+def host_table(host: Tensor, per_sample: bool, kind: int, size: int) -> Tuple[Tensor, Tensor, Tensor, int, bool]:
+    """One table of a uint8 ``[M, H, W]`` host mask, by the library's builder: ``(entries [N, row],
+    cu_seqlens [M+1], position [N], num_inputs, holes)``, int32 CPU tensors (what :func:`neighbor_table`,
+    :func:`block_table` and the ConvNeXt plan's arena are made of)."""
     lib = _lib.host()
     M, H, W = host.shape
     a = _lib.ConvTableArgs(host.data_ptr(), M, H, W, int(per_sample), kind, size)
@@ -158,14 +159,28 @@ def _build(visible: Tensor, kind: int, size: int, device, cache: bool):
         _lib.host_check(lib.gmh_conv_table_copy(handle, entries.data_ptr(), cu.data_ptr(), pos.data_ptr()), what)
     finally:
         lib.gmh_conv_table_free(handle)
+    return entries, cu, pos, int(info.num_inputs), bool(info.holes)
+
+
+def _build(visible: Tensor, kind: int, size: int, device, cache: bool):
+    host, per_sample = _host_mask(visible)
+    device = torch.device(device) if device is not None else visible.device
+    key = ("conv_table", host.numpy().tobytes(), tuple(host.shape), per_sample, kind, size, str(device))
+    if cache:
+        hit = mask_plan.plan_cache.get(key)
+        if hit is not None:
+            return hit
+    M, H, W = host.shape
+    entries, cu, pos, num_inputs, holes = host_table(host, per_sample, kind, size)
+    rows = entries.shape
     arena = torch.cat([entries.view(-1), cu, pos]).to(device)   # one copy to the device
     entries, cu, pos = arena.split([entries.numel(), cu.numel(), pos.numel()])
-    entries = entries.view(info.num_outputs, info.row)
+    entries = entries.view(rows)
     cu = cu if per_sample else None
     if kind == _lib.GMH_NEIGHBOR_TABLE:
         table = NeighborTable(entries, (H, W), pos, cu)
     else:
-        table = BlockTable(entries, size, info.num_inputs, bool(info.holes), (H // size, W // size), pos, cu)
+        table = BlockTable(entries, size, num_inputs, holes, (H // size, W // size), pos, cu)
     mark_valid(table)
     if cache:
         mask_plan.plan_cache.put(key, table)

@@ -30,38 +30,16 @@ contribute zero), so a sample's output does not depend on the other samples of i
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Optional
+from typing import Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .conv_ops import block_conv, submanifold_depthwise_conv
-from .conv_tables import block_table, neighbor_table
+from .convnext_plan import MASK_UNIT, ConvNeXtPlan, ConvNeXtPlanSpec, ConvNeXtStagePlan, plan_convnext
 
-__all__ = ["ConvNeXtStagePlan", "ConvNeXtPlan", "VisibleConvNeXtV2", "grn_visible"]
-
-MASK_UNIT = 32  # pixels a side of FCMAE's mask unit
-
-
-@dataclass(eq=False)
-class ConvNeXtStagePlan:
-    """One stage's tables: the 7x7 neighbour table of its visible tokens, and (stages 2-4) the
-    2x2 block table from the stage before."""
-    grid: tuple
-    nbr: object                  # greenmim.conv_tables.NeighborTable (k x k)
-    down: Optional[object]       # greenmim.BlockTable into this stage, None at stage 1
-    sample_of_token: Tensor      # [N] int64: the sample of each token
-    cu_seqlens: Tensor           # [B+1]
-
-
-@dataclass(eq=False)
-class ConvNeXtPlan:
-    num_masks: int
-    image_size: tuple
-    patch_position: Tensor       # [N_1] int64: b * (H/4 * W/4) + h * W/4 + w of the visible patches
-    stages: List[ConvNeXtStagePlan]
+__all__ = ["ConvNeXtStagePlan", "ConvNeXtPlan", "VisibleConvNeXtV2", "grn_visible", "MASK_UNIT"]
 
 
 def grn_visible(x: Tensor, weight: Tensor, bias: Tensor, sample_of_token: Tensor, num_masks: int,
@@ -111,35 +89,19 @@ class VisibleConvNeXtV2(nn.Module):
         self.num_features = m.num_features
         self.dims = [s.blocks[0].conv_dw.weight.shape[0] for s in self.stages]
         self.kernel = self.stages[0].blocks[0].conv_dw.weight.shape[-1]
+        self.img_size = 224          # what plan_spec plans for (FCMAE sets its own)
 
     # ---- plans -------------------------------------------------------------------------------
 
-    def plan(self, visible: Tensor, image_size, device=None) -> ConvNeXtPlan:
-        """The tables of per-sample unit masks ``visible`` (bool ``[B, H/32, W/32]``) for images of
-        ``image_size`` (H, W)."""
-        H, W = image_size
-        if visible.dim() != 3 or visible.dtype != torch.bool or H % MASK_UNIT or W % MASK_UNIT or \
-                visible.shape[1:] != (H // MASK_UNIT, W // MASK_UNIT):
-            raise ValueError(f"greenmim: ConvNeXt V2 masks are bool [B, H/32, W/32] for {H}x{W} images, got "
-                             f"{visible.dtype} {tuple(visible.shape)}")
-        device = torch.device(device) if device is not None else visible.device
-        B = visible.shape[0]
-        stages, prev = [], None
-        for s in range(4):
-            r = 8 >> s
-            vs = visible.repeat_interleave(r, 1).repeat_interleave(r, 2)   # [B, H/4 >> s, W/4 >> s]
-            nbr = neighbor_table(vs, device=device, kernel=self.kernel)
-            down = block_table(prev, 2, device=device) if prev is not None else None
-            cu = nbr.cu_seqlens.long()
-            sot = torch.repeat_interleave(torch.arange(B, device=device), cu.diff())
-            stages.append(ConvNeXtStagePlan(tuple(vs.shape[1:]), nbr, down, sot, cu))
-            prev = vs
-        return ConvNeXtPlan(B, (H, W), stages[0].nbr.position.long(), stages)
+    def plan(self, visible: Tensor, image_size, device=None, cache: bool = True) -> ConvNeXtPlan:
+        """The plan (:func:`greenmim.convnext_plan.plan_convnext`: every table, one arena) of per-sample
+        unit masks ``visible`` (bool ``[B, H/32, W/32]``) for images of ``image_size`` (H, W)."""
+        return plan_convnext(visible, image_size, self.kernel, device=device, cache=cache)
 
-    def plan_spec(self, group_size: int = 0) -> "UnitMasks":
-        """What the trainer's loader workers plan with (``pretrain.data.Geometry``): nothing to
-        plan ahead, the tables are built from the masks inside the step."""
-        return UnitMasks()
+    def plan_spec(self, group_size: int = 0) -> ConvNeXtPlanSpec:
+        """What the trainer's loader workers plan with (``pretrain.data.Geometry``): the plans are
+        built there, so the step reads no mask on the host (CUDA graphs, torch.compile)."""
+        return ConvNeXtPlanSpec(self.img_size, self.kernel)
 
     # ---- forward -----------------------------------------------------------------------------
 
@@ -179,8 +141,11 @@ class VisibleConvNeXtV2(nn.Module):
                 x = self._block(blk, x, st, plan.num_masks)
         return x
 
-    def forward(self, images: Tensor, visible: Tensor):
-        plan = self.plan(visible, tuple(images.shape[-2:]), device=images.device)
+    def forward(self, images: Tensor, visible: Union[Tensor, ConvNeXtPlan]):
+        """``(stage-4 tokens, plan)`` of unit masks ``visible`` (planned here, on the host) or of a
+        plan made ahead (:meth:`plan`)."""
+        plan = visible if isinstance(visible, ConvNeXtPlan) else \
+            self.plan(visible, tuple(images.shape[-2:]), device=images.device, cache=False)
         return self.forward_features(images, plan), plan
 
     @staticmethod
@@ -192,14 +157,6 @@ class VisibleConvNeXtV2(nn.Module):
         C = tokens.shape[-1]
         out = tokens.new_zeros((plan.num_masks * h * w, C)).index_copy(0, st.nbr.position.long(), tokens[0])
         return out.view(plan.num_masks, h, w, C).permute(0, 3, 1, 2)
-
-
-class UnitMasks:
-    """The trainer's plan spec for ConvNeXt V2 (picklable, for the loader's workers): the plan of
-    a micro-batch's unit masks is the masks."""
-
-    def plan(self, masks: Tensor, device=None, cache: bool = False) -> Tensor:
-        return masks if device is None else masks.to(device)
 
 
 def _drop_path(y: Tensor, dp: nn.Module, sample_of_token: Tensor, B: int, training: bool) -> Tensor:

@@ -18,17 +18,21 @@ returns them.
 
 In the trainer (``python -m greenmim.pretrain --model fcmae_convnextv2_atto_dec512b1``, registered in
 :mod:`greenmim.mim`) the model shows the surface of :class:`greenmim.GreenMIM`: ``grid``, ``unit``,
-``encoder.img_size``, ``random_masks``, ``plan`` (here the unit masks themselves: the encoder builds
-its tables inside the step), ``reconstruct``, ``config``, ``mask_token``, ``decoder_blocks``.
+``encoder.img_size``, ``random_masks``, ``plan`` (a :class:`~greenmim.convnext_plan.ConvNeXtPlan`:
+every table of the batch's masks in one arena, built in the loader's workers, so the step reads
+nothing on the host and runs as a CUDA graph or under ``torch.compile``), ``reconstruct``,
+``config``, ``mask_token``, ``decoder_blocks``.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
-from .convnextv2 import MASK_UNIT, VisibleConvNeXtV2
+from ._lib import GreenmimError
+from .convnext_plan import MASK_UNIT, ConvNeXtPlan, plan_convnext
+from .convnextv2 import VisibleConvNeXtV2
 from .mask_plan import random_masks
 from .mim import GreenMIM
 
@@ -72,10 +76,13 @@ class FCMAE(nn.Module):
         (their weights feed the visible-token ops), so they stay in the root unit."""
         return list(self.decoder)
 
-    def plan(self, visible: Tensor, device=None, cache: bool = True) -> Tensor:
-        """The trainer's ``plan``: the unit masks themselves, on ``device`` (the encoder builds its
-        tables from them inside the step)."""
-        return visible.to(device) if device is not None else visible
+    def plan(self, visible: Tensor, device=None, cache: bool = True, batch: Optional[int] = None) -> ConvNeXtPlan:
+        """The encoder's plan of unit masks ``visible`` (bool ``[B, g, g]``, or one ``[g, g]`` for
+        ``batch`` samples; a ``[g, g]`` without ``batch`` plans one sample, which :meth:`forward`
+        plans again for its batch), on ``device``."""
+        if isinstance(visible, Tensor) and visible.dim() == 2 and batch is None:
+            batch = 1
+        return plan_convnext(visible, self.img_size, self.encoder.kernel, device=device, cache=cache, batch=batch)
 
     reconstruct = GreenMIM.reconstruct
 
@@ -106,18 +113,32 @@ class FCMAE(nn.Module):
 
     forward_loss = GreenMIM.forward_loss   # the same loss on the same unit layout (norm-pix MSE on masked units)
 
-    def forward(self, imgs: Tensor, visible: Tensor, generator=None) -> Tuple[Tensor, Tensor, Tensor]:
-        """``visible``: per-sample ``[B, g, g]``, or one ``[g, g]`` mask shared by the batch.
-        ``generator`` is accepted for the trainer's call and unused (nothing random is drawn)."""
+    def forward(self, imgs: Tensor, visible: Union[Tensor, ConvNeXtPlan],
+                generator=None) -> Tuple[Tensor, Tensor, Tensor]:
+        """``visible``: a plan (:meth:`plan`; the trainer's, made in its loader workers), or unit
+        masks, per sample ``[B, g, g]`` or one ``[g, g]`` shared by the batch (planned here, on the
+        host). ``generator`` is accepted for the trainer's call and unused (nothing random is drawn)."""
         B, _, H, W = imgs.shape
-        if visible.dim() == 2:
-            visible = visible.expand(B, -1, -1)
-        if (H, W) != (self.img_size, self.img_size) or tuple(visible.shape) != (B, self.grid, self.grid):
-            raise ValueError(f"greenmim: FCMAE takes {self.img_size} px images and [B, {self.grid}, {self.grid}] "
-                             f"masks, got {tuple(imgs.shape)} and {tuple(visible.shape)}")
-        if bool(visible.all()):
+        if (H, W) != (self.img_size, self.img_size):
+            raise ValueError(f"greenmim: FCMAE takes {self.img_size} px images, got {tuple(imgs.shape)}")
+        plan = visible
+        if not isinstance(plan, ConvNeXtPlan) or (plan.num_masks == 1 and B > 1):
+            masks = plan.visible[0] if isinstance(plan, ConvNeXtPlan) else visible
+            if not isinstance(masks, Tensor) or masks.dim() not in (2, 3) or \
+                    tuple(masks.shape[-2:]) != (self.grid, self.grid) or (masks.dim() == 3 and masks.shape[0] != B):
+                raise ValueError(f"greenmim: FCMAE takes [B, {self.grid}, {self.grid}] masks, one [{self.grid}, "
+                                 f"{self.grid}] or their plan for {B} images, got {tuple(getattr(masks, 'shape', ()))}")
+            plan = self.plan(masks, device=imgs.device, cache=False, batch=B)
+        if plan.num_masks != B or plan.image_size != (H, W) or plan.kernel != self.encoder.kernel:
+            raise GreenmimError(f"greenmim: FCMAE: {plan!r} does not fit {B} images of {H}x{W} px and "
+                                f"{self.encoder.kernel}x{self.encoder.kernel} convs")
+        if plan.device != imgs.device:
+            raise GreenmimError(f"greenmim: the plan is on {plan.device}, the images on {imgs.device}: plans and "
+                                f"tensors must share a device (plan.to({str(imgs.device)!r}))")
+        if plan.num_visible == B * self.grid * self.grid:     # the layout's count: no read of the device
             raise ValueError("greenmim: every unit is visible: nothing to reconstruct (mask ratio 0?)")
-        tokens, plan = self.encoder(imgs, visible)
+        tokens, plan = self.encoder(imgs, plan)
+        visible = plan.visible
         pred = self.forward_decoder(tokens, plan, visible)
         mask = (~visible).reshape(B, -1).float()
         return self.forward_loss(imgs, pred, mask), pred, mask

@@ -225,7 +225,7 @@ def test_timm_state_dicts_load_strictly(name):
 def test_bad_masks_are_refused():
     enc = _encoder()
     img = torch.randn(1, 3, 64, 64, dtype=D)
-    with pytest.raises(ValueError, match=r"bool \[B, H/32, W/32\]"):
+    with pytest.raises(GreenmimError, match=r"bool \[B, H/32, W/32\]"):
         enc(img, torch.ones(1, 3, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="convnextv2_"):
         VisibleConvNeXtV2("convnext_atto")

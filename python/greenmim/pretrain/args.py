@@ -213,8 +213,7 @@ def _recipe_defaults(args) -> None:
         args.notes.append(f"note: {args.model}'s recipe: {', '.join(took)} (--mask_ratio, --per_sample_masks / "
                           f"--shared_masks set them)")
     if args.model in mim.FCMAE_ARCHS:
-        for flag, bad, why in (("--compile", args.compile, "its encoder builds its tables inside the step"),
-                               ("--window_size", args.window_size is not None,
+        for flag, bad, why in (("--window_size", args.window_size is not None,
                                 "ConvNeXt V2 has no windows (7x7 depthwise convolutions)"),
                                ("--decoder_order released", args.decoder_order == "released",
                                 "its dense decoder keeps each latent at its own unit")):

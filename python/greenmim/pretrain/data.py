@@ -104,7 +104,8 @@ def pad_to(plan, capacity):
 
 class Geometry:
     """What planning needs of the model: image size, patch, window, stages, stage-1 channels
-    (Swin); an encoder with ``plan_spec`` (Twins) hands over its own picklable spec instead."""
+    (Swin); an encoder with ``plan_spec`` (Twins, ConvNeXt V2) hands over its own picklable spec
+    instead."""
 
     def __init__(self, model, fixed_groups: bool = False):
         enc = model.encoder
@@ -116,7 +117,11 @@ class Geometry:
         if self.spec is None:
             self.num_stages, self.embed_dim, self.strategy = len(enc.layers), enc.embed_dim, enc.strategy
 
-    def plan(self, masks: Tensor):
+    def plan(self, masks: Tensor, batch: Optional[int] = None):
+        """The plan of a micro-batch's masks; ``batch``: its images (a ConvNeXt V2 plan is per
+        sample, so one shared mask is planned for each)."""
+        if getattr(self.spec, "fixed_shapes", False):
+            return self.spec.plan(masks, device="cpu", cache=False, batch=batch)   # nothing to pad
         if self.spec is not None:
             plan = self.spec.plan(masks, device="cpu", cache=False)
         else:
@@ -127,7 +132,10 @@ class Geometry:
 
     def capacity_for(self, batch: int, per_sample: bool, mask_ratio: float, seed: int, samples: int = 64) -> tuple:
         """The group capacity of this run's plans (``--cuda_graphs``): from ``samples`` masks of its
-        distribution (``greenmim.group_capacity``), drawn from their own generator."""
+        distribution (``greenmim.group_capacity``), drawn from their own generator. None where
+        every plan has the same shapes (ConvNeXt V2's: no groups)."""
+        if getattr(self.spec, "fixed_shapes", False):
+            return None
         g = torch.Generator().manual_seed(seed ^ 0x6A09E667)
         kept, self.capacity = self.capacity, None
         try:
@@ -190,7 +198,7 @@ class MicroBatches(torch.utils.data.Dataset):
         g = torch.Generator().manual_seed(seed ^ 0x5DEECE66D)
         masks = mask_plan.random_masks(len(idx) if self.per_sample else None, grid=self.geometry.grid,
                                      ratio=self.mask_ratio, generator=g)
-        return imgs, masks, self.geometry.plan(masks)
+        return imgs, masks, self.geometry.plan(masks, len(idx))
 
 
 class StepSampler(torch.utils.data.Sampler):
