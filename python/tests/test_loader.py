@@ -210,7 +210,7 @@ class _NoPlan:
     """A Geometry stand-in: the tests here are about images, not masks (no compiled library)."""
     grid = 2
 
-    def plan(self, masks):
+    def plan(self, masks, batch=None):
         return None
 
 
