@@ -124,6 +124,61 @@ def test_a_signal_to_the_process_group_saves_the_step_and_resume_is_bitwise(tmp_
     assert _all_checkpoints_read_back_finite(out)[f"checkpoint-0-step8.pth"] == 8
 
 
+def test_a_signal_that_breaks_the_step_in_progress_is_one_line_and_resume_continues(tmp_path, capfd, monkeypatch):
+    """Slurm signals the whole process group, so the signal can also reach a helper of the step in
+    progress (inductor's compiler under --compile) and make that step raise. The run then stops with
+    the preemption's line and exit code, not a traceback, and resumes from its last checkpoint."""
+    from greenmim.pretrain import data
+    out = tmp_path / "o"
+    calls = [0]
+    normalize = data.normalize
+
+    def breaks_in_step_3(x):
+        calls[0] += 1
+        if calls[0] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise RuntimeError("the compiler was killed\nsecond line")
+        return normalize(x)
+    monkeypatch.setattr(data, "normalize", breaks_in_step_3)
+    assert cli.main(_quick(out, "--max_steps", "5", "--save_every_steps", "1")) == 128 + signal.SIGTERM
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("greenmim.pretrain: SIGTERM: stopped in step 3, which the signal broke (RuntimeError: the "
+                             "compiler was killed)") and "checkpoint-0-step2.pth is the newest" in err[0], err
+    assert _all_checkpoints_read_back_finite(out) == {"checkpoint-0-step1.pth": 1, "checkpoint-0-step2.pth": 2}
+
+    def bug(x):                                          # without a signal an exception is not hidden
+        raise RuntimeError("an ordinary bug")
+    monkeypatch.setattr(data, "normalize", bug)
+    with pytest.raises(RuntimeError, match="an ordinary bug"):
+        cli.main(_quick(tmp_path / "b", "--max_steps", "2"))
+    monkeypatch.setattr(data, "normalize", normalize)
+    assert cli.main(_quick(out, "--max_steps", "5", "--resume", "auto")) == 0
+    assert [r["step"] for r in _rows(out) if "loss" in r and "step" in r][-3:] == [3, 4, 5]
+
+
+def test_inductor_cache_remnants_are_removed_before_compiling(tmp_path, monkeypatch):
+    """A kernel library cut short by a kill (pytorch/pytorch#102539) would fail every later
+    --compile run; the trainer removes any .so shorter than an ELF header and older than 30 s,
+    and nothing else."""
+    from greenmim.pretrain import inductor_cache
+    root = tmp_path / "cache"
+    (root / "yb").mkdir(parents=True)
+    (root / "yb" / "cut.main.so").write_bytes(b"")
+    (root / "yb" / "half.so").write_bytes(b"\x7fELF" + b"\0" * 20)
+    (root / "yb" / "good.so").write_bytes(b"\x7fELF" + b"\0" * 200)
+    (root / "yb" / "empty.cpp").write_bytes(b"")
+    old = os.path.getmtime(root / "yb" / "cut.main.so") - 120
+    for f in os.listdir(root / "yb"):
+        os.utime(root / "yb" / f, (old, old))
+    (root / "yb" / "linking.so").write_bytes(b"")          # fresh: a compile in flight may be writing it
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(root))
+    assert inductor_cache.cache_dir() == str(root)
+    assert sorted(os.path.basename(p) for p in inductor_cache.mend()) == ["cut.main.so", "half.so"]
+    assert sorted(os.listdir(root / "yb")) == ["empty.cpp", "good.so", "linking.so"]
+    assert inductor_cache.mend() == [] and inductor_cache.mend(str(tmp_path / "none")) == []
+
+
 def test_scheduled_saves_keep_the_newest_and_every_milestone(tmp_path):
     """--save_every_steps and --save_every_minutes besides --save_freq; --keep_last 2 prunes the
     older step checkpoints, never a milestone (checkpoint-<epoch>.pth)."""

@@ -6,20 +6,9 @@ import sys
 from typing import Optional, Sequence
 
 from .._lib import GreenmimError
-from . import checkpoints, dist
+from . import checkpoints, dist, state
 from .args import UsageError, parser, validate
 from .data import DataError
-
-
-def _resume_hint(args) -> str:
-    """What an interrupted run leaves to resume from: the newest checkpoint, or that there is none yet."""
-    if not args.output_dir:
-        return "nothing was saved (--output_dir '')"
-    from .state import latest
-    newest = latest(args.output_dir)
-    if newest is None:
-        return f"no checkpoint in {args.output_dir} yet, so nothing to resume"
-    return f"{newest} is the newest checkpoint; --resume auto continues from it"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -49,7 +38,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return e.code
     except KeyboardInterrupt:   # Ctrl-C: one line, not a traceback; checkpoints are whole (atomic renames)
         if ctx.main:
-            print(f"\ngreenmim.pretrain: interrupted; {_resume_hint(args)}", file=sys.stderr)
+            print(f"\ngreenmim.pretrain: interrupted; {state.resume_hint(args.output_dir)}", file=sys.stderr)
         return 130
     finally:
         dist.teardown(ctx)

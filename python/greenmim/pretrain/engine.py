@@ -8,7 +8,7 @@ import torch
 
 from .. import mim
 from . import decode as _decode
-from . import checkpoints, data, dist, graphs, optim, report, signals, state
+from . import checkpoints, data, dist, graphs, inductor_cache, optim, report, signals, state
 from .books import Books as _Books, Saver as _Saver, TestHooks as _TestHooks, preempted_line as _preempted_line
 from .args import UsageError
 
@@ -90,6 +90,7 @@ def run(args, ctx: dist.Context, resume: Optional[checkpoints.Resume] = None) ->
     if resume.path:
         _, step = state.load(resume.path, wrapped, opt, scaler, config, ctx, resume.obj)
         resume.obj = None                              # its tensors now live in the model and optimizer
+    mended = inductor_cache.mend() if args.compile else []
     net = torch.compile(wrapped, backend=args.compile_backend) if args.compile else wrapped
     graphed = None
     if use_graphs:
@@ -105,6 +106,9 @@ def run(args, ctx: dist.Context, resume: Optional[checkpoints.Resume] = None) ->
                           args.batch_size * args.accum_iter * ctx.world, resume_step=step)
     report.header(rep, args, model, images, sampler, geometry, lr, amp, ctx, workers, total, resume.path, step,
                   use_graphs, threads, SMALL_MODELS, decode_mode)
+    if mended:
+        rep.print(f"greenmim.pretrain: removed {len(mended)} kernel librar{'ies' if len(mended) > 1 else 'y'} cut short "
+                  f"from inductor's cache (a run killed while compiling; pytorch/pytorch#102539), e.g. {mended[0]}")
     for line in (resume.why, graph_note):
         if line:
             rep.print(line if line.startswith("greenmim.pretrain") else f"greenmim.pretrain: {line}")
@@ -120,6 +124,7 @@ def run(args, ctx: dist.Context, resume: Optional[checkpoints.Resume] = None) ->
     readback = 1 if ctx.device.type == "cpu" else READBACK_STEPS
     params = [p for g in opt.param_groups for p in g["params"]]
     model.train()
+    preemption = None
     try:
         with signals.Preemption() as preemption:
             epoch, t0 = divmod(step, spe)
@@ -204,9 +209,23 @@ def run(args, ctx: dist.Context, resume: Optional[checkpoints.Resume] = None) ->
     except Stopped as e:
         report.event(rep, event="stopped", at_step=books.done, code=e.code, why=e.line)
         raise
+    except Exception as e:
+        if preemption is None or not preemption.signum:
+            raise
+        # the signal reached a helper too (Slurm and timeout signal the whole process group: the
+        # compiler under --compile, a collective's peer) and broke the step in progress
+        line = _broken_line(preemption.signum, step, e, args)
+        report.event(rep, event="stopped", at_step=books.done, code=signals.exit_code(preemption.signum), why=line)
+        raise Stopped(line, signals.exit_code(preemption.signum)) from e
     finally:
         rep.close()
     return summary
+
+
+def _broken_line(signum: int, step: int, e: BaseException, args) -> str:
+    what = (str(e).strip().splitlines() or [""])[0][:200]
+    return (f"greenmim.pretrain: {signals.name(signum)}: stopped in step {step + 1}, which the signal broke "
+            f"({type(e).__name__}: {what}); {state.resume_hint(args.output_dir)}")
 
 
 def _optimizer_step(opt, scaler, loss: torch.Tensor, params, ctx) -> torch.Tensor:

@@ -75,6 +75,16 @@ def checkpoint_name(output_dir: str, epoch: int, step: int, milestone: bool) -> 
     return os.path.join(output_dir, f"checkpoint-{epoch}.pth" if milestone else f"checkpoint-{epoch}-step{step}.pth")
 
 
+def resume_hint(output_dir: str) -> str:
+    """What an interrupted run leaves to resume from: the newest checkpoint, or that there is none yet."""
+    if not output_dir:
+        return "nothing was saved (--output_dir '')"
+    newest = latest(output_dir)
+    if newest is None:
+        return f"no checkpoint in {output_dir} yet, so nothing to resume"
+    return f"{newest} is the newest checkpoint; --resume auto continues from it"
+
+
 def latest(output_dir: str) -> Optional[str]:
     """The checkpoint of ``output_dir`` with the most optimizer steps, among those whose header
     reads (temporary files ignored; checkpoints.newest_valid also checks the whole file)."""
