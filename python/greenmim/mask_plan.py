@@ -145,7 +145,7 @@ def group_capacity(plans: Iterable["MaskPlan"], margin: float = 0.02) -> Tuple[T
     never varied, e.g. a stage whose tokens fit one group, stays as it is). Plan a few dozen masks
     of the training distribution with fixed group sizes (``group_size=-1``): their counts sit
     within a few groups of tokens / G, so a capacity from 64 of them is rarely exceeded and pads
-    by a few percent (docs/pretraining.md, "CUDA graphs")."""
+    by a few percent (docs/pretraining-speed.md, "CUDA graphs")."""
     if not margin >= 0:
         raise GreenmimError(f"greenmim: group_capacity: margin must be >= 0, got {margin}")
     counts = [p.group_counts() for p in plans]

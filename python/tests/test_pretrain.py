@@ -360,7 +360,7 @@ def test_compile_does_not_recompile_for_fresh_masks(tmp_path, model, per_sample)
 
 def test_it_learns_on_the_sample_photographs(tmp_path):
     """A nano Swin (embed 32) for 200 steps of 16 images. Predicting each unit's mean scores 1.0
-    under norm_pix_loss. Measured (docs/pretraining.md: seeds 0-3, 200-300 steps): the last 50
+    under norm_pix_loss. Measured (docs/pretraining-speed.md: seeds 0-3, 200-300 steps): the last 50
     steps average 0.763-0.769; the two held-out photographs, 8 masks each, 0.55-0.74."""
     out = tmp_path / "learn"
     argv = ["--model", NANO, "--batch_size", "16", "--epochs", "4", "--warmup_epochs", "1", "--lr", "1e-3",

@@ -51,7 +51,8 @@ def parser() -> argparse.ArgumentParser:
         description="GreenMIM pretraining (the paper's model and recipe) on the visible tokens of masked images. "
                     "One process, or many under torchrun (DDP; FSDP2 with --fsdp). Without --data_path it trains "
                     "on photographs that ship with scikit-image, so it runs on a fresh machine as is.",
-        epilog="docs/pretraining.md: the recipe, multi-GPU and multi-node (torchrun, Slurm), resume, export to timm.")
+        epilog="docs/pretraining.md: the recipe, multi-GPU and multi-node (torchrun, Slurm), export to timm; "
+               "docs/long-runs.md: resume, preemption; docs/pretraining-speed.md: compile, CUDA graphs, the loader.")
     g = p.add_argument_group("model")
     g.add_argument("--model", default="green_mim_swin_base_patch4_dec512b1",
                    help="one of: " + ", ".join(mim.model_names()))
@@ -94,13 +95,13 @@ def parser() -> argparse.ArgumentParser:
                    help="autocast dtype (default: bf16 on CUDA, off on CPU); fp16 uses a GradScaler")
     g.add_argument("--compile", action="store_true",
                    help="torch.compile the model: G fixed at each stage's window area and the group axis "
-                        "dynamic, so fresh masks do not recompile (docs/pretraining.md)")
+                        "dynamic, so fresh masks do not recompile (docs/pretraining-speed.md)")
     g.add_argument("--compile_backend", default="inductor", help="torch.compile's backend")
     g.add_argument("--cuda_graphs", action="store_true",
                    help="the default on CUDA: capture the step (forward, backward; AdamW too in one process) once "
                         "as a CUDA graph and replay it, plans padded to one capacity. fp16, --accum_iter > 1, "
                         "--fsdp and --decoder_order released run eagerly, with a line saying so "
-                        "(docs/pretraining.md) (default: on with CUDA, off on the CPU)")
+                        "(docs/pretraining-speed.md) (default: on with CUDA, off on the CPU)")
     g.add_argument("--eager", action="store_true",
                    help="run every step eagerly on CUDA too (no CUDA graph)")
     g.add_argument("--max_skipped_steps", default=20, type=int,

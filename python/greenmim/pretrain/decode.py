@@ -14,7 +14,7 @@ Why torchvision's nvJPEG rather than NVIDIA DALI: torchvision is already pinned 
 (nothing new to pin, no second CUDA runtime in the wheel), its decode takes a plain list of byte
 tensors from any DataLoader, and the resize here is ours either way (the crop statistics and
 filter must match the CPU path's). DALI's fused ROI decode would skip decoding the pixels outside
-the crop; no device has measured either yet (see docs/pretraining.md).
+the crop; no device has measured either yet (see docs/pretraining-speed.md).
 
 What the GPU path cannot decode it does not guess at: a file that is not a JPEG (PNG, ...) or
 whose end-of-image marker is missing is decoded and cropped in the worker, on the CPU, and

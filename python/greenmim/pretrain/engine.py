@@ -149,7 +149,7 @@ def run(args, ctx: dist.Context, resume: Optional[checkpoints.Resume] = None) ->
                     imgs = data.normalize(imgs.to(ctx.device, non_blocking=True))   # uint8 from the workers
                     plan = plan.to(ctx.device, non_blocking=True)
                     if args.compile:
-                        plan.mark_dynamic()                   # one graph for every mask (docs/pretraining.md)
+                        plan.mark_dynamic()                   # one graph for every mask (docs/pretraining-speed.md)
                     gen = None
                     if args.decoder_order == "released":
                         gen = torch.Generator().manual_seed(data.derive_seed(args.seed, epoch, t,
