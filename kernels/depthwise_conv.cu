@@ -131,6 +131,32 @@ Params apply_params(const gm_depthwise_conv_args* a, const gm_tensor& in, const 
   return p;
 }
 
+//! An empty batch's weight and bias gradients: zeros (C x taps and C floats), as the reference's.
+cudaError_t zero_empty_grads(const gm_depthwise_conv_args* a, int taps, cudaStream_t stream) {
+  const auto C = static_cast<std::size_t>(a->x.extent[2]);
+  if (C == 0 || (a->x.extent[0] != 0 && a->x.extent[1] != 0)) return cudaSuccess;
+  if (a->dweight) GM_TRY(cudaMemsetAsync(a->dweight, 0, C * static_cast<std::size_t>(taps) * sizeof(float), stream));
+  if (a->dbias) GM_TRY(cudaMemsetAsync(a->dbias, 0, C * sizeof(float), stream));
+  return cudaSuccess;
+}
+
+//! The weight-gradient kernels' parameters (x and dy, the table, the workspace's partial sums):
+//! the fields `dw_grad_params` (3x3) and `dw_grad_taps_params` (k x k) share.
+template <class Grad>
+Grad grad_params(const gm_depthwise_conv_args* a, void* workspace) {
+  Grad g;
+  g.x = a->x.data;
+  g.dy = a->dy.data;
+  g.x_s0 = a->x.stride[0]; g.x_s1 = a->x.stride[1];
+  g.dy_s0 = a->dy.stride[0]; g.dy_s1 = a->dy.stride[1];
+  g.nbr = a->nbr;
+  g.partial = static_cast<float*>(workspace);
+  g.batch = static_cast<int>(a->x.extent[0]);
+  g.tokens = static_cast<int>(a->x.extent[1]);
+  g.channels = static_cast<int>(a->x.extent[2]);
+  return g;
+}
+
 template <class T>
 cudaError_t run_dw_fwd(const gm_depthwise_conv_args* a, cudaStream_t stream) {
   dw_params p = apply_params<dw_params>(a, a->x, a->y);
@@ -143,25 +169,13 @@ template <class T>
 cudaError_t run_dw_bwd(const gm_depthwise_conv_args* a, void* workspace, cudaStream_t stream) {
   const int B = static_cast<int>(a->x.extent[0]), N = static_cast<int>(a->x.extent[1]), C = static_cast<int>(a->x.extent[2]);
   const bool vec = dw_vectorizable(a, true);
-  if (C > 0 && (a->dweight || a->dbias) && (B == 0 || N == 0)) {  // empty batch: zero gradients
-    if (a->dweight) GM_TRY(cudaMemsetAsync(a->dweight, 0, static_cast<std::size_t>(C) * k_dw_taps * sizeof(float), stream));
-    if (a->dbias) GM_TRY(cudaMemsetAsync(a->dbias, 0, static_cast<std::size_t>(C) * sizeof(float), stream));
-  }
+  GM_TRY(zero_empty_grads(a, k_dw_taps, stream));
   if (B == 0 || N == 0 || C == 0) return cudaSuccess;
   dw_params p = apply_params<dw_params>(a, a->dy, a->dx);
   p.mirrored = 1;
   GM_TRY((vec ? launch_dw_apply<T, 8>(p, stream) : launch_dw_apply<T, 1>(p, stream)));
   if (!a->dweight && !a->dbias) return cudaSuccess;
-  dw_grad_params g;
-  g.x = a->x.data;
-  g.dy = a->dy.data;
-  g.x_s0 = a->x.stride[0]; g.x_s1 = a->x.stride[1];
-  g.dy_s0 = a->dy.stride[0]; g.dy_s1 = a->dy.stride[1];
-  g.nbr = a->nbr;
-  g.partial = static_cast<float*>(workspace);
-  g.batch = B;
-  g.tokens = N;
-  g.channels = C;
+  dw_grad_params g = grad_params<dw_grad_params>(a, workspace);
   g.split = dw_grad_split_for(N, B, C);
   const int groups = vec ? C / 2 : C;  // V = 2 where the forward vectorizes (rows 16-byte aligned, C % 8 == 0)
   // groups per block from C alone, not from V: the token rows per block (256 / gb) set the order of
@@ -220,25 +234,13 @@ cudaError_t run_dw_taps_bwd(const gm_depthwise_conv_args* a, void* workspace, cu
   const int B = static_cast<int>(a->x.extent[0]), N = static_cast<int>(a->x.extent[1]), C = static_cast<int>(a->x.extent[2]);
   const int k = a->kernel, taps = k * k;
   const bool vec = dw_vectorizable(a, true);
-  if (C > 0 && (a->dweight || a->dbias) && (B == 0 || N == 0)) {  // empty batch: zero gradients
-    if (a->dweight) GM_TRY(cudaMemsetAsync(a->dweight, 0, static_cast<std::size_t>(C) * taps * sizeof(float), stream));
-    if (a->dbias) GM_TRY(cudaMemsetAsync(a->dbias, 0, static_cast<std::size_t>(C) * sizeof(float), stream));
-  }
+  GM_TRY(zero_empty_grads(a, taps, stream));
   if (B == 0 || N == 0 || C == 0) return cudaSuccess;
   dw_taps_params p = taps_params(a, a->dy, a->dx);
   p.mirrored = 1;
   GM_TRY((vec ? launch_dw_apply_taps<T, 8>(p, stream) : launch_dw_apply_taps<T, 1>(p, stream)));
   if (!a->dweight && !a->dbias) return cudaSuccess;
-  dw_grad_taps_params g;
-  g.x = a->x.data;
-  g.dy = a->dy.data;
-  g.x_s0 = a->x.stride[0]; g.x_s1 = a->x.stride[1];
-  g.dy_s0 = a->dy.stride[0]; g.dy_s1 = a->dy.stride[1];
-  g.nbr = a->nbr;
-  g.partial = static_cast<float*>(workspace);
-  g.batch = B;
-  g.tokens = N;
-  g.channels = C;
+  dw_grad_taps_params g = grad_params<dw_grad_taps_params>(a, workspace);
   g.kernel = k;
   g.split = dw_grad_split_taps(N, B, C, k);
   const int groups = vec ? C / 2 : C;

@@ -166,6 +166,34 @@ int write_plan(const Planner* p, int32_t* arena, const char* fn) {
   });
 }
 
+//! gmh_*_plan_prepare of either planner: the argument checks (`check`), the planner's layout of
+//! the masks for `geometry(args)` (a failure's message from `failure`), then `info`: its head, each
+//! stage by `describe_stage`, and the time it took.
+template <class Layout, class Planner, class Args, class Info, class Check, class Geometry, class Failure,
+          class DescribeStage>
+int prepare_plan(Planner* p, const Args* a, Info* info, const char* fn, Check check, Geometry geometry,
+                 Failure failure, DescribeStage describe_stage) {
+  return guarded([&]() -> int {
+    if (!p || !a || !info) return fail(std::string(fn) + ": null argument");
+    if (int rc = check(*a)) return rc;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::int64_t n = static_cast<std::int64_t>(a->num_masks) * a->mask_height * a->mask_width;
+    const encoder_plan_options opt = plan_options(a->strategy, a->group_size, a->max_group_size);
+    Layout layout;
+    if (status s = p->planner.prepare(span<const std::uint8_t>(a->visible, n), a->num_masks, a->mask_height,
+                                      a->mask_width, a->per_sample != 0, geometry(*a), opt, layout);
+        s != status::success)
+      return failure(s, *a);
+    *info = Info{};
+    info->num_stages = a->num_stages;
+    info->num_masks = a->num_masks;
+    info->arena_size = p->planner.arena_size();
+    for (int32_t s = 0; s < a->num_stages; ++s) describe_stage(layout.stages[static_cast<size_t>(s)], info->stage[s]);
+    info->build_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    return ok();
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -177,38 +205,21 @@ int gmh_encoder_planner_create(gmh_encoder_planner** out) {
 void gmh_encoder_planner_destroy(gmh_encoder_planner* p) { delete p; }
 
 int gmh_encoder_plan_prepare(gmh_encoder_planner* p, const gmh_encoder_args* a, gmh_encoder_info* info) {
-  return guarded([&]() -> int {
-    if (!p || !a || !info) return fail("gmh_encoder_plan_prepare: null argument");
-    if (int rc = check_encoder_args(*a)) return rc;
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::int64_t n = static_cast<std::int64_t>(a->num_masks) * a->mask_height * a->mask_width;
-    encoder_geometry geo{a->grid, a->window, a->num_stages, a->embed_dim};
-    const encoder_plan_options opt = plan_options(a->strategy, a->group_size, a->max_group_size);
-    encoder_plan layout;
-    if (status s = p->planner.prepare(span<const std::uint8_t>(a->visible, n), a->num_masks, a->mask_height,
-                                      a->mask_width, a->per_sample != 0, geo, opt, layout);
-        s != status::success)
-      return encoder_failure(s, *a);
-    *info = gmh_encoder_info{};
-    info->num_stages = a->num_stages;
-    info->num_masks = a->num_masks;
-    info->arena_size = p->planner.arena_size();
-    for (int32_t s = 0; s < a->num_stages; ++s) {
-      const encoder_stage& st = layout.stages[static_cast<size_t>(s)];
-      gmh_plan_stage& o = info->stage[s];
-      o.height = st.height;
-      o.width = st.width;
-      o.num_tokens = st.num_tokens;
-      describe(st.part[0], o.part[0]);
-      describe(st.part[1], o.part[1]);
-      o.position = range(st.position);
-      o.merge = range(st.merge);
-      o.cu_seqlens = range(st.cu_seqlens);
-      o.unit_rank = range(st.unit_rank);
-    }
-    info->build_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    return ok();
-  });
+  return prepare_plan<encoder_plan>(
+      p, a, info, "gmh_encoder_plan_prepare", check_encoder_args,
+      [](const gmh_encoder_args& a) { return encoder_geometry{a.grid, a.window, a.num_stages, a.embed_dim}; },
+      [](status s, const gmh_encoder_args& a) { return encoder_failure(s, a); },
+      [](const encoder_stage& st, gmh_plan_stage& o) {
+        o.height = st.height;
+        o.width = st.width;
+        o.num_tokens = st.num_tokens;
+        describe(st.part[0], o.part[0]);
+        describe(st.part[1], o.part[1]);
+        o.position = range(st.position);
+        o.merge = range(st.merge);
+        o.cu_seqlens = range(st.cu_seqlens);
+        o.unit_rank = range(st.unit_rank);
+      });
 }
 
 int gmh_encoder_plan_write(const gmh_encoder_planner* p, int32_t* arena) {
@@ -222,34 +233,23 @@ int gmh_twins_planner_create(gmh_twins_planner** out) {
 void gmh_twins_planner_destroy(gmh_twins_planner* p) { delete p; }
 
 int gmh_twins_plan_prepare(gmh_twins_planner* p, const gmh_twins_args* a, gmh_twins_info* info) {
-  return guarded([&]() -> int {
-    if (!p || !a || !info) return fail("gmh_twins_plan_prepare: null argument");
-    if (int rc = check_twins_args(*a)) return rc;
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::int64_t n = static_cast<std::int64_t>(a->num_masks) * a->mask_height * a->mask_width;
-    twins_geometry geo;
-    geo.grid = a->grid;
-    geo.windows.assign(a->window, a->window + a->num_stages);
-    geo.sr_ratios.assign(a->sr_ratio, a->sr_ratio + a->num_stages);
-    geo.channels.assign(a->channels, a->channels + a->num_stages);
-    const encoder_plan_options opt = plan_options(a->strategy, a->group_size, a->max_group_size);
-    twins_plan layout;
-    if (status s = p->planner.prepare(span<const std::uint8_t>(a->visible, n), a->num_masks, a->mask_height,
-                                      a->mask_width, a->per_sample != 0, geo, opt, layout);
-        s != status::success) {
-      gmh_encoder_args e{};
-      e.group_size = a->group_size;
-      e.max_group_size = a->max_group_size;
-      return encoder_failure(s, e);
-    }
-    *info = gmh_twins_info{};
-    info->num_stages = a->num_stages;
-    info->num_masks = a->num_masks;
-    info->arena_size = p->planner.arena_size();
-    for (int32_t s = 0; s < a->num_stages; ++s) describe_twins(layout.stages[static_cast<size_t>(s)], info->stage[s]);
-    info->build_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    return ok();
-  });
+  return prepare_plan<twins_plan>(
+      p, a, info, "gmh_twins_plan_prepare", check_twins_args,
+      [](const gmh_twins_args& a) {
+        twins_geometry geo;
+        geo.grid = a.grid;
+        geo.windows.assign(a.window, a.window + a.num_stages);
+        geo.sr_ratios.assign(a.sr_ratio, a.sr_ratio + a.num_stages);
+        geo.channels.assign(a.channels, a.channels + a.num_stages);
+        return geo;
+      },
+      [](status s, const gmh_twins_args& a) {   // the planner's failures read as the encoder's
+        gmh_encoder_args e{};
+        e.group_size = a.group_size;
+        e.max_group_size = a.max_group_size;
+        return encoder_failure(s, e);
+      },
+      describe_twins);
 }
 
 int gmh_twins_plan_write(const gmh_twins_planner* p, int32_t* arena) {

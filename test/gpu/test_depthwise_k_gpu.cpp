@@ -86,6 +86,8 @@ dk_out run_dk(const std::vector<index_t>& nbr, index_t k, std::int64_t B, std::i
   dbuf<index_t> nd = to_device(nbr);
   dbuf<float> wd = to_device(w), bd = to_device(bias), dweight(static_cast<std::size_t>(C * k * k)),
               dbias(static_cast<std::size_t>(C));
+  dweight.fill_bytes(0xFF);  // NaN: a gradient left unwritten shows
+  dbias.fill_bytes(0xFF);
   gm_depthwise_conv_args a{};
   a.dtype = dt;
   a.x = make_tensor(x.p + offset * es, {B, N, C}, {N * C, C, 1});
@@ -254,14 +256,20 @@ TEST_CASE("gpu depthwise k x k: arbitrary tables; out-of-range entries read as z
   }
 }
 
-TEST_CASE("gpu depthwise k x k: an empty batch zeroes the gradients") {
+TEST_CASE("gpu depthwise: an empty batch zeroes the gradients, 3x3 and k x k") {
   GM_SKIP_WITHOUT_DEVICE();
   std::mt19937_64 rng(3);
   const htensor none(GM_FLOAT32, 0);
-  const auto w = random_fk(8 * 49, rng), bias = random_fk(8, rng);
-  const dk_out out = run_dk({}, 7, 0, 0, 8, GM_FLOAT32, none, none, w, bias, true);
-  for (float v : out.dw) CHECK(v == 0.f);
-  for (float v : out.db) CHECK(v == 0.f);
+  for (index_t k : {3, 5, 7}) {  // 3: the 3x3 family's entry; 5, 7: dw_taps
+    INFO("k " << k);
+    const auto w = random_fk(static_cast<std::size_t>(8 * k * k), rng), bias = random_fk(8, rng);
+    for (std::int64_t B : {0, 2}) {  // no sample, or samples without tokens
+      const dk_out out = run_dk({}, k, B, 0, 8, GM_FLOAT32, none, none, w, bias, true);
+      CHECK(out.dw.size() == static_cast<std::size_t>(8 * k * k));
+      for (float v : out.dw) CHECK(v == 0.f);
+      for (float v : out.db) CHECK(v == 0.f);
+    }
+  }
 }
 
 TEST_CASE("depthwise entry points take k = 1, 3, 5, 7 and refuse the others with the reason") {
