@@ -142,24 +142,54 @@ def _host_mask(visible: Tensor) -> Tuple[Tensor, bool]:
     return (host if per_sample else host.unsqueeze(0)).contiguous(), per_sample
 
 
+class BuiltTable:
+    """A table the library built from a uint8 ``[M, H, W]`` host mask and holds until it is
+    copied: its sizes first (``rows``: ``(N, entries per row)``, ``num_masks``, ``num_inputs``,
+    ``holes``), then :meth:`copy_into` the caller's int32 buffers (views of one arena, say), with
+    no buffer of torch's in between. ``with BuiltTable(...) as t:`` frees it."""
+
+    def __init__(self, host: Tensor, per_sample: bool, kind: int, size: int):
+        self.lib = _lib.host()
+        M, H, W = host.shape
+        a = _lib.ConvTableArgs(host.data_ptr(), M, H, W, int(per_sample), kind, size)
+        self.handle, info = ctypes.c_void_p(), _lib.ConvTableInfo()
+        self.what = "neighbour table" if kind == _lib.GMH_NEIGHBOR_TABLE else "block table"
+        _lib.host_check(self.lib.gmh_conv_table_build(ctypes.byref(a), ctypes.byref(self.handle), ctypes.byref(info)),
+                        self.what)
+        self.rows, self.num_masks = (info.num_outputs, info.row), M
+        self.num_inputs, self.holes = int(info.num_inputs), bool(info.holes)
+
+    def copy_into(self, entries: Optional[Tensor], cu_seqlens: Optional[Tensor], position: Optional[Tensor]) -> None:
+        """The entries ``[N, row]``, the outputs' ``cu_seqlens`` ``[M+1]`` and positions ``[N]``,
+        each into a contiguous int32 CPU tensor of that size (None: not copied)."""
+        want = ((entries, self.rows[0] * self.rows[1]), (cu_seqlens, self.num_masks + 1), (position, self.rows[0]))
+        for t, n in want:
+            if t is not None and (t.dtype != torch.int32 or t.device.type != "cpu" or not t.is_contiguous()
+                                  or t.numel() != n):
+                raise GreenmimError(f"greenmim: {self.what}: copy_into takes contiguous int32 CPU tensors of "
+                                    f"{[n for _, n in want]} entries")
+        ptr = [t.data_ptr() if t is not None else None for t, _ in want]
+        _lib.host_check(self.lib.gmh_conv_table_copy(self.handle, *ptr), self.what)
+
+    def __enter__(self) -> "BuiltTable":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.handle:
+            self.lib.gmh_conv_table_free(self.handle)
+            self.handle = ctypes.c_void_p()
+
+
 def host_table(host: Tensor, per_sample: bool, kind: int, size: int) -> Tuple[Tensor, Tensor, Tensor, int, bool]:
     """One table of a uint8 ``[M, H, W]`` host mask, by the library's builder: ``(entries [N, row],
-    cu_seqlens [M+1], position [N], num_inputs, holes)``, int32 CPU tensors (what :func:`neighbor_table`,
-    :func:`block_table` and the ConvNeXt plan's arena are made of)."""
-    lib = _lib.host()
-    M, H, W = host.shape
-    a = _lib.ConvTableArgs(host.data_ptr(), M, H, W, int(per_sample), kind, size)
-    handle, info = ctypes.c_void_p(), _lib.ConvTableInfo()
-    what = "neighbour table" if kind == _lib.GMH_NEIGHBOR_TABLE else "block table"
-    _lib.host_check(lib.gmh_conv_table_build(ctypes.byref(a), ctypes.byref(handle), ctypes.byref(info)), what)
-    try:
-        entries = torch.empty((info.num_outputs, info.row), dtype=torch.int32)
-        cu = torch.empty(M + 1, dtype=torch.int32)
-        pos = torch.empty(info.num_outputs, dtype=torch.int32)
-        _lib.host_check(lib.gmh_conv_table_copy(handle, entries.data_ptr(), cu.data_ptr(), pos.data_ptr()), what)
-    finally:
-        lib.gmh_conv_table_free(handle)
-    return entries, cu, pos, int(info.num_inputs), bool(info.holes)
+    cu_seqlens [M+1], position [N], num_inputs, holes)``, int32 CPU tensors (what
+    :func:`neighbor_table` and :func:`block_table` are made of)."""
+    with BuiltTable(host, per_sample, kind, size) as t:
+        entries = torch.empty(t.rows, dtype=torch.int32)
+        cu = torch.empty(t.num_masks + 1, dtype=torch.int32)
+        pos = torch.empty(t.rows[0], dtype=torch.int32)
+        t.copy_into(entries, cu, pos)
+        return entries, cu, pos, t.num_inputs, t.holes
 
 
 def _build(visible: Tensor, kind: int, size: int, device, cache: bool):

@@ -23,6 +23,7 @@ empty, ``padded`` returns the plan).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -33,7 +34,7 @@ from torch import Tensor
 from . import _lib, mask_plan
 from ._arena import ArenaPlan, PlanLayout, StageLayout, arena_views
 from ._lib import GreenmimError
-from .conv_tables import BlockTable, NeighborTable, host_table, mark_valid
+from .conv_tables import BlockTable, BuiltTable, NeighborTable, mark_valid
 
 __all__ = ["ConvNeXtStagePlan", "ConvNeXtPlan", "ConvNeXtPlanSpec", "plan_convnext", "MASK_UNIT"]
 
@@ -165,38 +166,45 @@ def plan_convnext(visible: Tensor, image_size, kernel: int = 7, device=None, cac
             return hit
     t0 = time.perf_counter()
     B = host.shape[0]
-    pieces: List[Tensor] = []
-    at = 0
+    with contextlib.ExitStack() as held:
+        # the library builds every table first; their sizes lay out the arena, which is allocated
+        # once and filled by copies straight into its views (no torch buffer, no concatenation)
+        grids, nbrs, downs = [], [], []
+        for s in range(STAGES):
+            r = (MASK_UNIT // STEM) >> s
+            vs = host.repeat_interleave(r, 1).repeat_interleave(r, 2)          # [B, H/4 >> s, W/4 >> s]
+            nbrs.append(held.enter_context(BuiltTable(vs, True, _lib.GMH_NEIGHBOR_TABLE, k)))
+            downs.append(held.enter_context(BuiltTable(grids[-1], True, _lib.GMH_BLOCK_TABLE, 2)) if s else None)
+            grids.append(vs)
+        at, stages = 0, []
 
-    def put(t: Optional[Tensor]) -> Tuple[int, int]:
-        nonlocal at
-        if t is None:
-            return at, 0
-        pieces.append(t.reshape(-1))
-        at += t.numel()
-        return at - t.numel(), t.numel()
+        def take(n: int) -> Tuple[int, int]:
+            nonlocal at
+            at += n
+            return at - n, n
 
-    stages, prev, prev_n = [], None, 0
-    for s in range(STAGES):
-        r = (MASK_UNIT // STEM) >> s
-        vs = host.repeat_interleave(r, 1).repeat_interleave(r, 2)          # [B, H/4 >> s, W/4 >> s]
-        nbr, cu, pos, _, _ = host_table(vs, True, _lib.GMH_NEIGHBOR_TABLE, k)
-        down, holes = None, False
-        if prev is not None:
-            down, dcu, dpos, n_in, holes = host_table(prev, True, _lib.GMH_BLOCK_TABLE, 2)
-            if n_in != prev_n or not (torch.equal(dpos, pos) and torch.equal(dcu, cu)):
-                raise GreenmimError("greenmim: ConvNeXt V2 plan: the downsampling's outputs are not the next stage's "
-                                    "visible tokens (masks must be of whole 32-px units)")
-        N = nbr.shape[0]
-        sot = torch.repeat_interleave(torch.arange(B, dtype=torch.int32), cu.diff().long())
-        last = s == STAGES - 1
-        ranges = dict(position=put(pos), cu_seqlens=put(cu), sample_of_token=put(sot), neighbors=put(nbr),
-                      down=put(down), units=put(host.to(torch.int32) if last else None))
-        stages.append(ConvNeXtStageLayout.of(height=vs.shape[1], width=vs.shape[2], num_tokens=N, kernel=k,
-                                             down_inputs=prev_n if prev is not None else 0, down_holes=holes,
-                                             **ranges))
-        prev, prev_n = vs, N
-    arena = torch.cat(pieces)
+        for s, (vs, nbr, down) in enumerate(zip(grids, nbrs, downs)):
+            N = nbr.rows[0]
+            ranges = dict(position=take(N), cu_seqlens=take(B + 1), sample_of_token=take(N), neighbors=take(N * k * k),
+                          down=take(N * 4 if down is not None else 0),
+                          units=take(host.numel() if s == STAGES - 1 else 0))
+            stages.append(ConvNeXtStageLayout.of(height=vs.shape[1], width=vs.shape[2], num_tokens=N, kernel=k,
+                                                 down_inputs=down.num_inputs if down is not None else 0,
+                                                 down_holes=down.holes if down is not None else False, **ranges))
+        arena = torch.empty(at, dtype=torch.int32)
+        view = arena_views(arena, [r for st in stages for r in st.ranges()])
+        for s, (st, nbr, down) in enumerate(zip(stages, nbrs, downs)):
+            pos, cu = view(st.position), view(st.cu_seqlens)
+            nbr.copy_into(view(st.neighbors), cu, pos)
+            view(st.sample_of_token).copy_(torch.repeat_interleave(torch.arange(B, dtype=torch.int32), cu.diff().long()))
+            if down is not None:
+                dcu, dpos = torch.empty_like(cu), torch.empty_like(pos)
+                down.copy_into(view(st.down), dcu, dpos)
+                if down.num_inputs != stages[s - 1].num_tokens or not (torch.equal(dpos, pos) and torch.equal(dcu, cu)):
+                    raise GreenmimError("greenmim: ConvNeXt V2 plan: the downsampling's outputs are not the next "
+                                        "stage's visible tokens (masks must be of whole 32-px units)")
+            if st.units[1]:
+                view(st.units).copy_(host.reshape(-1))
     layout = PlanLayout.of(per_sample=True, num_masks=B, patch_grid=(H // STEM, W // STEM),
                            build_us=(time.perf_counter() - t0) * 1e6, stages=tuple(stages))
     plan = ConvNeXtPlan(arena, layout).to(device)
