@@ -100,6 +100,18 @@ def test_bad_masks_are_refused_with_the_reason():
             plan_convnext(ok, 64, kernel=k, cache=False)
     shared = plan_convnext(ok[0], 64, batch=3, cache=False)
     assert shared.num_masks == 3 and torch.equal(shared.visible, ok[0].expand(3, -1, -1))
+    # the library's table is copied only into buffers of its sizes
+    host = torch.rand(2, 8, 8) < 0.5
+    with conv_tables.BuiltTable(host.to(torch.uint8), True, greenmim._lib.GMH_NEIGHBOR_TABLE, 3) as t:
+        n = t.rows[0]
+        assert n == int(host.sum()) and t.rows[1] == 9
+        for bad in (torch.empty(n * 9 + 1, dtype=torch.int32), torch.empty(n * 9, dtype=torch.int64),
+                    torch.empty(n * 18, dtype=torch.int32)[::2]):
+            with pytest.raises(GreenmimError, match="copy_into takes contiguous int32 CPU tensors"):
+                t.copy_into(bad, None, None)
+        got = torch.empty(n, 9, dtype=torch.int32)
+        t.copy_into(got, None, None)
+        assert torch.equal(got, conv_tables.neighbor_table(host, cache=False).nbr)
 
 
 def _fcmae(img=64):
