@@ -1,5 +1,7 @@
 """Shared helpers of the package tests: random masks and plans, and an independent oracle."""
 import os
+import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -76,3 +78,42 @@ def row_first_merge(x, weights):
     row_first = torch.cat([x[:, 0::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 0::2], x[:, 1::2, 1::2]], -1)
     y = torch.nn.functional.layer_norm(row_first, (4 * C,), weights["norm.weight"], weights["norm.bias"], eps=1e-5)
     return y @ weights["reduction.weight"].T
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# one rank of greenmim.pretrain under torchrun, saving its (full) parameters and losses
+_RANK_DRIVER = """
+import sys, torch
+from greenmim.pretrain import args as A, dist, engine
+a = A.parser().parse_args(sys.argv[2:])
+A.validate(a)
+ctx = dist.setup(a.device, a.fsdp)
+s = engine.run(a, ctx)
+sd = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().clone()
+      for k, v in s["model"].state_dict().items()}
+torch.save({"params": sd, "losses": s["losses"]}, f"{sys.argv[1]}/rank{ctx.rank}.pt")
+dist.teardown(ctx)
+"""
+
+
+def child_env(**extra):
+    """This interpreter's environment for a child process: the package on PYTHONPATH, one thread."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    env.update(extra)
+    return env
+
+
+def torchrun_ranks(tmp_path, name, nproc, *argv):
+    """``greenmim.pretrain`` with ``argv`` under ``torchrun --standalone --nproc_per_node nproc``:
+    (the completed process, each rank's {"params", "losses"}, or None when it failed)."""
+    d = tmp_path / name
+    d.mkdir()
+    driver = tmp_path / "rank_driver.py"
+    driver.write_text(_RANK_DRIVER)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(driver),
+           str(d), *argv]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=600)
+    return out, [torch.load(d / f"rank{r}.pt", weights_only=False) for r in range(nproc)] if out.returncode == 0 \
+        else None

@@ -2,10 +2,6 @@
 bitwise resume, two DDP processes, --compile (one graph over fresh masks), the refusals, and the
 export to timm's convnextv2_*."""
 import json
-import os
-import pathlib
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,8 +10,8 @@ import greenmim
 from greenmim import export as gexport
 from greenmim.pretrain import args as pargs
 from greenmim.pretrain import cli, dist, engine, graphs
+from conftest import torchrun_ranks
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 ATTO = "fcmae_convnextv2_atto_dec512b1"
 pytest.importorskip("skimage")
 pytest.importorskip("torchvision")
@@ -132,19 +128,6 @@ def test_it_trains_and_resumes_bitwise_and_exports_to_timm(tmp_path, capfd):
     head.load_state_dict(torch.load(path), strict=True)
 
 
-_DRIVER = """
-import sys, torch
-from greenmim.pretrain import args as A, dist, engine
-a = A.parser().parse_args(sys.argv[2:])
-A.validate(a)
-ctx = dist.setup(a.device, a.fsdp)
-s = engine.run(a, ctx)
-sd = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().clone()
-      for k, v in s["model"].state_dict().items()}
-torch.save({"params": sd, "losses": s["losses"]}, f"{sys.argv[1]}/rank{ctx.rank}.pt")
-dist.teardown(ctx)
-"""
-
 _TWO_RANKS = ["--model", ATTO, "--input_size", "64", "--batch_size", "2", "--epochs", "1", "--warmup_epochs", "0",
               "--lr", "1e-3", "--max_steps", "2", "--output_dir", "", "--num_workers", "0", "--device", "cpu"]
 
@@ -165,17 +148,8 @@ def one_process_accumulating():
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_processes_equal_one_with_accumulation(tmp_path, mode, one_process_accumulating):
     """DDP, and FSDP2 (its units: the decoder blocks; a rank's shard of the mask token is empty)."""
-    d = tmp_path / mode
-    d.mkdir()
-    driver = tmp_path / "driver.py"
-    driver.write_text(_DRIVER)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(driver), str(d),
-           *_TWO_RANKS, *(["--fsdp"] if mode == "fsdp" else [])]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    out, ranks = torchrun_ranks(tmp_path, mode, 2, *_TWO_RANKS, *(["--fsdp"] if mode == "fsdp" else []))
     assert out.returncode == 0, out.stderr[-4000:]
-    ranks = [torch.load(d / f"rank{r}.pt", weights_only=False) for r in range(2)]
     single = one_process_accumulating
     assert len(single["losses"]) == 2
     for k, v in ranks[0]["params"].items():

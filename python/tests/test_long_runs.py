@@ -17,6 +17,7 @@ import torch
 
 from greenmim.pretrain import args as pargs
 from greenmim.pretrain import checkpoints, cli, dist, engine, graphs
+from conftest import child_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NANO = "green_mim_swin_nano_patch4_dec128b1"
@@ -24,11 +25,7 @@ pytest.importorskip("skimage")
 pytest.importorskip("torchvision")
 
 
-def _env(**extra):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    env.update(extra)
-    return env
+_env = child_env
 
 
 def _quick(out, *extra):

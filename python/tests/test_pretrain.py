@@ -12,6 +12,7 @@ import torch
 import greenmim
 from greenmim.pretrain import args as pargs
 from greenmim.pretrain import cli, data, dist, engine
+from conftest import child_env, torchrun_ranks
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NANO = "green_mim_swin_nano_patch4_dec128b1"
@@ -19,9 +20,7 @@ pytest.importorskip("skimage")
 pytest.importorskip("torchvision")
 
 
-def _env():
-    return {**os.environ, "PYTHONPATH": str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "OMP_NUM_THREADS": "1"}
+_env = child_env
 
 
 def _run(*argv, timeout=600):
@@ -135,32 +134,6 @@ def test_resume_continues_bitwise(tmp_path):
         in out.stderr, out.stderr
 
 
-_DRIVER = """
-import sys, torch
-from greenmim.pretrain import args as A, dist, engine
-a = A.parser().parse_args(sys.argv[2:])
-A.validate(a)
-ctx = dist.setup(a.device, a.fsdp)
-s = engine.run(a, ctx)
-sd = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().clone()
-      for k, v in s["model"].state_dict().items()}
-torch.save({"params": sd, "losses": s["losses"]}, f"{sys.argv[1]}/rank{ctx.rank}.pt")
-dist.teardown(ctx)
-"""
-
-
-def _torchrun(tmp_path, name, nproc, *argv):
-    d = tmp_path / name
-    d.mkdir()
-    driver = tmp_path / "driver.py"
-    driver.write_text(_DRIVER)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(driver),
-           str(d), *argv]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=600)
-    return out, [torch.load(d / f"rank{r}.pt", weights_only=False) for r in range(nproc)] if out.returncode == 0 \
-        else None
-
-
 _TWO_RANKS = ["--model", NANO, "--batch_size", "2", "--epochs", "1", "--warmup_epochs", "0", "--lr", "1e-3",
               "--max_steps", "3", "--output_dir", "", "--num_workers", "0", "--per_sample_masks", "--device", "cpu"]
 
@@ -186,7 +159,7 @@ def one_process_accumulating():
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_processes_equal_one_with_accumulation(tmp_path, mode, one_process_accumulating):
     extra = ["--fsdp"] if mode == "fsdp" else []
-    out, ranks = _torchrun(tmp_path, mode, 2, *_TWO_RANKS, *extra)
+    out, ranks = torchrun_ranks(tmp_path, mode, 2, *_TWO_RANKS, *extra)
     if ranks is None and mode == "fsdp":
         pytest.skip("FSDP2 on CPU refused by this torch: " + out.stderr.strip().splitlines()[-1][:300])
     assert ranks is not None, out.stderr[-4000:]

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <greenmim/reference/conv.hpp>
@@ -98,6 +99,32 @@ inline std::vector<double> floats_as_doubles(const bytes& b) {
   return v;
 }
 
+//! The depthwise conv's entry points on `a` (its tensors set): can_implement and the forward, the
+//! workspace size (which must be `ws_want` bytes), the backward over a NaN-filled workspace, then the
+//! backward again over another poisoned one, whose dweight and dbias must come out bitwise the same
+//! (the weight gradients are deterministic). Returns the first backward's dweight and dbias.
+inline std::pair<std::vector<float>, std::vector<float>> depthwise_run_twice(const gm_depthwise_conv_args& a,
+                                                                            std::size_t ws_want,
+                                                                            const dbuf<float>& dweight,
+                                                                            const dbuf<float>& dbias) {
+  GM_CHECK_CUDA(gm_depthwise_conv_fwd_can_implement(&a));
+  GM_CHECK_CUDA(gm_depthwise_conv_fwd(&a, nullptr));
+  std::size_t ws_bytes = 0;
+  GM_CHECK_CUDA(gm_depthwise_conv_bwd_workspace_size(&a, &ws_bytes));
+  CHECK(ws_bytes == ws_want);
+  dbuf<unsigned char> ws(ws_bytes + 16);
+  ws.fill_bytes(0xFF);
+  GM_CHECK_CUDA(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr));
+  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  std::pair<std::vector<float>, std::vector<float>> out{dweight.download(), dbias.download()};
+  ws.fill_bytes(0x7F);
+  GM_CHECK_CUDA(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr));
+  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK(float_bytes(dweight.download()) == float_bytes(out.first));
+  CHECK(float_bytes(dbias.download()) == float_bytes(out.second));
+  return out;
+}
+
 //! Forward and backward of the depthwise conv with x and dy read through `sx` / `sdy` ([B, N, C]
 //! strides, elements) in buffers of `span` elements whose rows hold the dense tensors `hx`, `hdy`.
 //! Checks the workspace size and that dweight and dbias come out bitwise the same over a poisoned
@@ -141,23 +168,10 @@ inline std::vector<bytes> depthwise_strided(const greenmim::neighbor_table& t, s
   a.dweight = dweight.p;
   a.dbias = dbias.p;
   a.residual = residual ? 1 : 0;
-  GM_CHECK_CUDA(gm_depthwise_conv_fwd_can_implement(&a));
-  GM_CHECK_CUDA(gm_depthwise_conv_fwd(&a, nullptr));
-  std::size_t ws_bytes = 0;
-  GM_CHECK_CUDA(gm_depthwise_conv_bwd_workspace_size(&a, &ws_bytes));
-  CHECK(ws_bytes == static_cast<std::size_t>(greenmim::detail::cuda::dw_grad_split_for(N, B, C).parts() * C * 10) *
-                         sizeof(float));
-  dbuf<unsigned char> ws(ws_bytes);
-  GM_CHECK_CUDA(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr));
-  GM_CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<bytes> out{y.download(), dx.download(), float_bytes(dweight.download()), float_bytes(dbias.download())};
-  // bitwise deterministic weight gradients: run again over a poisoned workspace
-  ws.fill_bytes(0x7F);
-  GM_CHECK_CUDA(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr));
-  GM_CHECK_CUDA(cudaDeviceSynchronize());
-  CHECK(float_bytes(dweight.download()) == out[2]);
-  CHECK(float_bytes(dbias.download()) == out[3]);
-  return out;
+  const auto grads = depthwise_run_twice(
+      a, static_cast<std::size_t>(greenmim::detail::cuda::dw_grad_split_for(N, B, C).parts() * C * 10) * sizeof(float),
+      dweight, dbias);
+  return {y.download(), dx.download(), float_bytes(grads.first), float_bytes(grads.second)};
 }
 
 

@@ -3,7 +3,7 @@
 // in double on the inputs as the device sees them), and the entry points' refusals of the k they
 // do not take. Run on a device by greenmim_gpu_tests and on the CPU emulator by
 // greenmim_emu_tests; the emulated sizes are small (CI time).
-#include "gpu_test_util.hpp"
+#include "conv_test_util.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -23,41 +23,7 @@ using namespace gm_test;
 using greenmim::index_t;
 using greenmim::make_view;
 using greenmim::span;
-using bytes = std::vector<unsigned char>;
-
-htensor random_dk(gm_dtype dt, std::size_t n, std::mt19937_64& rng) {
-  htensor h(dt, n);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  for (std::size_t i = 0; i < n; ++i) h.set(i, nd(rng));
-  return h;
-}
-
-std::vector<float> random_fk(std::size_t n, std::mt19937_64& rng) {
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-std::vector<double> doubles_of(const htensor& h) {
-  std::vector<double> v(h.size());
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = h.get(i);
-  return v;
-}
-
-std::vector<double> doubles_of(const bytes& b, gm_dtype dt) {
-  htensor h(dt, b.size() / gm_dtype_size(dt));
-  h.bytes = b;
-  return doubles_of(h);
-}
-
-std::vector<double> doubles_of(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
-
-bytes bytes_of(const std::vector<float>& v) {
-  bytes b(v.size() * sizeof(float));
-  if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
-  return b;
-}
+using namespace gm_conv_test;  // random_htensor, random_floats, as_double(s), widen, float_bytes
 
 //! Outputs of one forward + backward: y, dx, dweight, dbias.
 struct dk_out {
@@ -101,24 +67,10 @@ dk_out run_dk(const std::vector<index_t>& nbr, index_t k, std::int64_t B, std::i
   a.dweight = dweight.p;
   a.dbias = dbias.p;
   a.residual = residual ? 1 : 0;
-  GM_CHECK_CUDA(gm_depthwise_conv_fwd_can_implement(&a));
-  GM_CHECK_CUDA(gm_depthwise_conv_fwd(&a, nullptr));
-  std::size_t ws_bytes = 0;
-  GM_CHECK_CUDA(gm_depthwise_conv_bwd_workspace_size(&a, &ws_bytes));
   const std::int64_t parts = B && N && C ? greenmim::detail::cuda::dw_grad_split_for(N, B, C * k).parts() : 0;
-  CHECK(ws_bytes == static_cast<std::size_t>(parts * C * (k * k + 1)) * sizeof(float));
-  dbuf<unsigned char> ws(ws_bytes + 16);
-  ws.fill_bytes(0xFF);
-  GM_CHECK_CUDA(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr));
-  GM_CHECK_CUDA(cudaDeviceSynchronize());
+  auto grads = depthwise_run_twice(a, static_cast<std::size_t>(parts * C * (k * k + 1)) * sizeof(float), dweight, dbias);
   auto strip = [&](const bytes& b) { return bytes(b.begin() + offset * es, b.begin() + (offset * es + n * es)); };
-  dk_out out{strip(y.download()), strip(dx.download()), dweight.download(), dbias.download()};
-  ws.fill_bytes(0x7F);
-  GM_CHECK_CUDA(gm_depthwise_conv_bwd(&a, ws.p, ws_bytes, nullptr));
-  GM_CHECK_CUDA(cudaDeviceSynchronize());
-  CHECK(bytes_of(dweight.download()) == bytes_of(out.dw));
-  CHECK(bytes_of(dbias.download()) == bytes_of(out.db));
-  return out;
+  return dk_out{strip(y.download()), strip(dx.download()), std::move(grads.first), std::move(grads.second)};
 }
 
 //! run_dk against the double reference; `ref_nbr` is the table as the reference reads it (entries
@@ -129,11 +81,11 @@ dk_out check_dk(const std::vector<index_t>& nbr, const std::vector<index_t>& ref
   INFO("k " << k << " B " << B << " N " << N << " C " << C << " dtype " << gm_dtype_name(dt) << " residual "
             << residual << " offset " << offset);
   const std::int64_t K = static_cast<std::int64_t>(k) * k;
-  const htensor hx = random_dk(dt, static_cast<std::size_t>(B * N * C), rng);
-  const htensor hdy = random_dk(dt, static_cast<std::size_t>(B * N * C), rng);
-  const auto w = random_fk(static_cast<std::size_t>(C * K), rng), bias = random_fk(static_cast<std::size_t>(C), rng);
+  const htensor hx = random_htensor(dt, static_cast<std::size_t>(B * N * C), rng);
+  const htensor hdy = random_htensor(dt, static_cast<std::size_t>(B * N * C), rng);
+  const auto w = random_floats(static_cast<std::size_t>(C * K), rng), bias = random_floats(static_cast<std::size_t>(C), rng);
   const dk_out out = run_dk(nbr, k, B, N, C, dt, hx, hdy, w, bias, residual, offset);
-  const auto xd = doubles_of(hx), dyd = doubles_of(hdy), wd = doubles_of(w), bd = doubles_of(bias);
+  const auto xd = as_double(hx), dyd = as_double(hdy), wd = widen(w), bd = widen(bias);
   std::vector<double> y_ref(xd.size()), dx_ref(xd.size()), dw_ref(wd.size()), db_ref(bd.size());
   const span<const index_t> tn(ref_nbr);
   REQUIRE(greenmim::reference::depthwise_conv_forward<double>(tn, k, make_view(xd.data(), B, N, C), make_view(wd.data(), C, K),
@@ -144,10 +96,10 @@ dk_out check_dk(const std::vector<index_t>& nbr, const std::vector<index_t>& ref
               make_view(dx_ref.data(), B, N, C), make_view(dw_ref.data(), C, K), span<double>(db_ref)) ==
           greenmim::status::success);
   const double tol = tolerance(dt);
-  CHECK(rel_error(doubles_of(out.y, dt), y_ref) <= tol);
-  CHECK(rel_error(doubles_of(out.dx, dt), dx_ref) <= tol);
-  CHECK(rel_error(doubles_of(out.dw), dw_ref) <= 1e-5);
-  CHECK(rel_error(doubles_of(out.db), db_ref) <= 1e-5);
+  CHECK(rel_error(as_doubles(out.y, dt), y_ref) <= tol);
+  CHECK(rel_error(as_doubles(out.dx, dt), dx_ref) <= tol);
+  CHECK(rel_error(widen(out.dw), dw_ref) <= 1e-5);
+  CHECK(rel_error(widen(out.db), db_ref) <= 1e-5);
   return out;
 }
 
@@ -201,13 +153,13 @@ TEST_CASE("gpu depthwise k x k: dweight and dbias bits do not depend on the inpu
   for (std::int64_t C : {8, 24}) {
     INFO("C " << C);
     const std::int64_t B = 3, n = B * N * C;
-    const htensor hx = random_dk(GM_BFLOAT16, static_cast<std::size_t>(n), rng);
-    const htensor hdy = random_dk(GM_BFLOAT16, static_cast<std::size_t>(n), rng);
-    const auto w = random_fk(static_cast<std::size_t>(C * 49), rng), bias = random_fk(static_cast<std::size_t>(C), rng);
+    const htensor hx = random_htensor(GM_BFLOAT16, static_cast<std::size_t>(n), rng);
+    const htensor hdy = random_htensor(GM_BFLOAT16, static_cast<std::size_t>(n), rng);
+    const auto w = random_floats(static_cast<std::size_t>(C * 49), rng), bias = random_floats(static_cast<std::size_t>(C), rng);
     const dk_out aligned = run_dk(t, 7, B, N, C, GM_BFLOAT16, hx, hdy, w, bias, true, 0);  // V = 8 / 2
     const dk_out offset = run_dk(t, 7, B, N, C, GM_BFLOAT16, hx, hdy, w, bias, true, 1);   // V = 1
-    CHECK(bytes_of(aligned.dw) == bytes_of(offset.dw));
-    CHECK(bytes_of(aligned.db) == bytes_of(offset.db));
+    CHECK(float_bytes(aligned.dw) == float_bytes(offset.dw));
+    CHECK(float_bytes(aligned.db) == float_bytes(offset.db));
     CHECK(aligned.y == offset.y);    // every output is bias (+ x) + taps in order, either path
     CHECK(aligned.dx == offset.dx);
   }
@@ -231,14 +183,14 @@ TEST_CASE("gpu depthwise k x k: arbitrary tables; out-of-range entries read as z
       ref[i] = e >= 0 && e < N ? e : greenmim::pad_index;
     }
     // tokens 0..2 are referenced by nobody: NaN in their x rows must not reach y or dweight
-    htensor hx = random_dk(GM_FLOAT32, static_cast<std::size_t>(B * N * C), rng);
+    htensor hx = random_htensor(GM_FLOAT32, static_cast<std::size_t>(B * N * C), rng);
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t t = 0; t < 3; ++t)
         for (std::int64_t c = 0; c < C; ++c) hx.set(static_cast<std::size_t>((b * N + t) * C + c), NAN);
-    const htensor hdy = random_dk(GM_FLOAT32, static_cast<std::size_t>(B * N * C), rng);
-    const auto w = random_fk(static_cast<std::size_t>(C * K), rng), bias = random_fk(static_cast<std::size_t>(C), rng);
+    const htensor hdy = random_htensor(GM_FLOAT32, static_cast<std::size_t>(B * N * C), rng);
+    const auto w = random_floats(static_cast<std::size_t>(C * K), rng), bias = random_floats(static_cast<std::size_t>(C), rng);
     const dk_out out = run_dk(nbr, k, B, N, C, GM_FLOAT32, hx, hdy, w, bias, false);
-    const auto xd = doubles_of(hx), dyd = doubles_of(hdy), wd = doubles_of(w), bd = doubles_of(bias);
+    const auto xd = as_double(hx), dyd = as_double(hdy), wd = widen(w), bd = widen(bias);
     std::vector<double> y_ref(xd.size()), dx_ref(xd.size()), dw_ref(wd.size()), db_ref(bd.size());
     const span<const index_t> tn(ref);
     REQUIRE(greenmim::reference::depthwise_conv_forward<double>(tn, k, make_view(xd.data(), B, N, C),
@@ -249,10 +201,10 @@ TEST_CASE("gpu depthwise k x k: arbitrary tables; out-of-range entries read as z
                 make_view(dx_ref.data(), B, N, C), make_view(dw_ref.data(), C, K), span<double>(db_ref)) ==
             greenmim::status::success);
     INFO("C " << C);
-    CHECK(rel_error(doubles_of(out.y, GM_FLOAT32), y_ref) <= 1e-5);
-    CHECK(rel_error(doubles_of(out.dx, GM_FLOAT32), dx_ref) <= 1e-5);
-    CHECK(rel_error(doubles_of(out.dw), dw_ref) <= 1e-5);
-    CHECK(rel_error(doubles_of(out.db), db_ref) <= 1e-5);
+    CHECK(rel_error(as_doubles(out.y, GM_FLOAT32), y_ref) <= 1e-5);
+    CHECK(rel_error(as_doubles(out.dx, GM_FLOAT32), dx_ref) <= 1e-5);
+    CHECK(rel_error(widen(out.dw), dw_ref) <= 1e-5);
+    CHECK(rel_error(widen(out.db), db_ref) <= 1e-5);
   }
 }
 
@@ -262,7 +214,7 @@ TEST_CASE("gpu depthwise: an empty batch zeroes the gradients, 3x3 and k x k") {
   const htensor none(GM_FLOAT32, 0);
   for (index_t k : {3, 5, 7}) {  // 3: the 3x3 family's entry; 5, 7: dw_taps
     INFO("k " << k);
-    const auto w = random_fk(static_cast<std::size_t>(8 * k * k), rng), bias = random_fk(8, rng);
+    const auto w = random_floats(static_cast<std::size_t>(8 * k * k), rng), bias = random_floats(8, rng);
     for (std::int64_t B : {0, 2}) {  // no sample, or samples without tokens
       const dk_out out = run_dk({}, k, B, 0, 8, GM_FLOAT32, none, none, w, bias, true);
       CHECK(out.dw.size() == static_cast<std::size_t>(8 * k * k));
@@ -331,14 +283,14 @@ TEST_CASE("emulated k x k kernels: bitwise identical under every thread schedule
     const auto t = random_per_sample_table(rng, 8, 7, 2, 0.6, N);
     for (const auto& c : {std::make_pair(std::int64_t(16), GM_BFLOAT16), std::make_pair(std::int64_t(5), GM_FLOAT32)}) {
       const std::int64_t B = 2, C = c.first, n = B * N * C;
-      const htensor hx = random_dk(c.second, static_cast<std::size_t>(n), rng);
-      const htensor hdy = random_dk(c.second, static_cast<std::size_t>(n), rng);
-      const auto w = random_fk(static_cast<std::size_t>(C * 49), rng), bias = random_fk(static_cast<std::size_t>(C), rng);
+      const htensor hx = random_htensor(c.second, static_cast<std::size_t>(n), rng);
+      const htensor hdy = random_htensor(c.second, static_cast<std::size_t>(n), rng);
+      const auto w = random_floats(static_cast<std::size_t>(C * 49), rng), bias = random_floats(static_cast<std::size_t>(C), rng);
       const dk_out o = run_dk(t, 7, B, N, C, c.second, hx, hdy, w, bias, true);
       out.push_back(o.y);
       out.push_back(o.dx);
-      out.push_back(bytes_of(o.dw));
-      out.push_back(bytes_of(o.db));
+      out.push_back(float_bytes(o.dw));
+      out.push_back(float_bytes(o.db));
     }
     return out;
   };
