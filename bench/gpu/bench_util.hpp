@@ -46,6 +46,23 @@ struct dmem {
   T* as() const { return static_cast<T*>(p); }
 };
 
+//! `n` random normal values of dtype `dt` on the device (bench_fill_random, seeded).
+inline dmem random_buffer(std::size_t n, gm_dtype dt, std::uint64_t seed) {
+  dmem d(n * gm_dtype_size(dt));
+  if (n) BENCH_CHECK(bench_fill_random(d.p, n, static_cast<int>(dt), seed, 1.0f, nullptr));
+  return d;
+}
+
+//! A dense [b, n, c] view of `p` (element strides).
+inline gm_tensor tensor3(void* p, std::int64_t b, std::int64_t n, std::int64_t c) {
+  gm_tensor t{};
+  t.data = p;
+  t.rank = 3;
+  t.extent[0] = b; t.extent[1] = n; t.extent[2] = c;
+  t.stride[0] = n * c; t.stride[1] = c; t.stride[2] = 1;
+  return t;
+}
+
 template <class T>
 dmem upload(const std::vector<T>& v) {
   dmem d(v.size() * sizeof(T));

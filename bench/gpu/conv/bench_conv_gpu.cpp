@@ -41,21 +41,6 @@ namespace {
 using greenmim::index_t;
 using namespace gm_bench;
 
-dmem random_buffer(std::size_t n, gm_dtype dt, std::uint64_t seed) {
-  dmem d(n * gm_dtype_size(dt));
-  if (n) BENCH_CHECK(bench_fill_random(d.p, n, static_cast<int>(dt), seed, 1.0f, nullptr));
-  return d;
-}
-
-gm_tensor tensor3(void* p, std::int64_t b, std::int64_t n, std::int64_t c) {
-  gm_tensor t{};
-  t.data = p;
-  t.rank = 3;
-  t.extent[0] = b; t.extent[1] = n; t.extent[2] = c;
-  t.stride[0] = n * c; t.stride[1] = c; t.stride[2] = 1;
-  return t;
-}
-
 void print_row(const char* op, int stage, std::int64_t B, std::int64_t N, std::int64_t C, std::int64_t Co,
                double ms, double bytes, double macs) {
   std::printf("%-16s %5d %6lld %7lld %6lld %6lld %10.4f %10.1f %10.1f\n", op, stage, static_cast<long long>(B),

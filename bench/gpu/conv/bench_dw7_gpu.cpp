@@ -48,21 +48,6 @@ constexpr convnext_width k_widths[] = {
     {"large", {192, 384, 768, 1536}},  {"huge", {352, 704, 1408, 2816}},
 };
 
-dmem random_buffer(std::size_t n, gm_dtype dt, std::uint64_t seed) {
-  dmem d(n * gm_dtype_size(dt));
-  if (n) BENCH_CHECK(bench_fill_random(d.p, n, static_cast<int>(dt), seed, 1.0f, nullptr));
-  return d;
-}
-
-gm_tensor tensor3(void* p, std::int64_t b, std::int64_t n, std::int64_t c) {
-  gm_tensor t{};
-  t.data = p;
-  t.rank = 3;
-  t.extent[0] = b; t.extent[1] = n; t.extent[2] = c;
-  t.stride[0] = n * c; t.stride[1] = c; t.stride[2] = 1;
-  return t;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
