@@ -10,31 +10,19 @@
 #include <greenmim/merging.hpp>
 #include <greenmim/sparse_conv.hpp>
 
+#include "sparse_conv_test_util.hpp"
+
 using namespace greenmim;
 
 namespace {
 
-// Any subset of a grid, row-major: each site kept with probability `keep`.
-std::vector<index_t> random_coords(std::mt19937& g, index_t h, index_t w, double keep) {
-  std::bernoulli_distribution d(keep);
-  std::vector<index_t> c;
-  for (index_t i = 0; i < h; ++i)
-    for (index_t j = 0; j < w; ++j)
-      if (d(g)) c.push_back(pack_coord(i, j));
-  return c;
-}
+using gm_sc_test::find_token;
+using gm_sc_test::random_coords;
 
 std::vector<index_t> unit_coords(const std::vector<std::uint8_t>& units, index_t grid) {
   std::vector<index_t> c;
   check(visible_coords(span<const std::uint8_t>(units), 7, grid, c));
   return c;
-}
-
-// The definition, by brute force over coordinates (no position map).
-index_t find_token(const std::vector<index_t>& coords, index_t first, index_t h, index_t w) {
-  for (size_t i = 0; i < coords.size(); ++i)
-    if (coord_h(coords[i]) == h && coord_w(coords[i]) == w) return first + static_cast<index_t>(i);
-  return pad_index;
 }
 
 void check_table(const neighbor_table& t, const std::vector<index_t>& coords, index_t H, index_t W, index_t k,

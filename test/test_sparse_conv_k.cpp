@@ -11,26 +11,11 @@
 #include <greenmim/random_masks.hpp>
 #include <greenmim/sparse_conv.hpp>
 
+#include "sparse_conv_test_util.hpp"
+
 using namespace greenmim;
 
 namespace {
-
-std::vector<index_t> coords_k(std::mt19937& g, index_t h, index_t w, double keep) {
-  std::bernoulli_distribution d(keep);
-  std::vector<index_t> c;
-  for (index_t i = 0; i < h; ++i)
-    for (index_t j = 0; j < w; ++j)
-      if (d(g)) c.push_back(pack_coord(i, j));
-  return c;
-}
-
-//! The definition over coordinates alone (no position map): the token of sample [first, + n) at
-//! (h, w), or pad_index.
-index_t brute_token(const std::vector<index_t>& coords, index_t first, index_t h, index_t w) {
-  for (size_t i = 0; i < coords.size(); ++i)
-    if (coord_h(coords[i]) == h && coord_w(coords[i]) == w) return first + static_cast<index_t>(i);
-  return pad_index;
-}
 
 //! Every row of one sample's tokens [first, + coords.size()) equals brute force.
 void check_rows_k(const neighbor_table& t, const std::vector<index_t>& coords, index_t H, index_t W, index_t k,
@@ -39,7 +24,7 @@ void check_rows_k(const neighbor_table& t, const std::vector<index_t>& coords, i
   for (size_t i = 0; i < coords.size(); ++i)
     for (index_t o = 0; o < k * k; ++o) {
       const index_t h = coord_h(coords[i]) + stencil_dh(k, o), w = coord_w(coords[i]) + stencil_dw(k, o);
-      const index_t want = (h < 0 || h >= H || w < 0 || w >= W) ? pad_index : brute_token(coords, first, h, w);
+      const index_t want = (h < 0 || h >= H || w < 0 || w >= W) ? pad_index : gm_sc_test::find_token(coords, first, h, w);
       INFO("token " << first + static_cast<index_t>(i) << " offset " << o);
       REQUIRE(t.at(first + static_cast<index_t>(i), o) == want);
     }
@@ -56,7 +41,7 @@ TEST_CASE("neighbour table k = 5, 7, per sample: each sample as if alone, border
       std::vector<std::vector<index_t>> samples;
       std::vector<index_t> cu{0}, flat;
       for (int b = 0; b < 4; ++b) {
-        samples.push_back(coords_k(g, H, W, b == 1 ? 0.0 : 0.25 * b + 0.2));
+        samples.push_back(gm_sc_test::random_coords(g, H, W, b == 1 ? 0.0 : 0.25 * b + 0.2));
         std::shuffle(samples.back().begin(), samples.back().end(), g);  // any order within a sample
         flat.insert(flat.end(), samples.back().begin(), samples.back().end());
         cu.push_back(static_cast<index_t>(flat.size()));
@@ -107,7 +92,7 @@ TEST_CASE("transposed table k = 5, 7 (per sample) = the table at mirrored offset
     for (index_t k : {5, 7}) {
       std::vector<index_t> cu{0}, flat;
       for (int b = 0; b < 3; ++b) {
-        const auto c = coords_k(g, 9, 8, 0.5);
+        const auto c = gm_sc_test::random_coords(g, 9, 8, 0.5);
         flat.insert(flat.end(), c.begin(), c.end());
         cu.push_back(static_cast<index_t>(flat.size()));
       }

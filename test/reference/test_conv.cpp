@@ -15,27 +15,15 @@
 #include <greenmim/reference/conv.hpp>
 #include <greenmim/sparse_conv.hpp>
 
+#include "../sparse_conv_test_util.hpp"
+
 using namespace greenmim;
 namespace ref = greenmim::reference;
 
 namespace {
 
-template <class T>
-std::vector<T> randn(std::mt19937& g, size_t n) {
-  std::normal_distribution<double> d;
-  std::vector<T> v(n);
-  for (auto& x : v) x = static_cast<T>(d(g));
-  return v;
-}
-
-std::vector<index_t> random_coords(std::mt19937& g, index_t h, index_t w, double keep) {
-  std::bernoulli_distribution d(keep);
-  std::vector<index_t> c;
-  for (index_t i = 0; i < h; ++i)
-    for (index_t j = 0; j < w; ++j)
-      if (d(g)) c.push_back(pack_coord(i, j));
-  return c;
-}
+using gm_sc_test::randn;
+using gm_sc_test::random_coords;
 
 //! The definition: dense conv (cross-correlation) over the zero-filled [H, W, Cin] image of one
 //! sample, read at the output sites. groups = 1 (weight [Co, Ci, kh, kw]) or depthwise

@@ -14,26 +14,12 @@
 #include <greenmim/reference/conv.hpp>
 #include <greenmim/sparse_conv.hpp>
 
+#include "../sparse_conv_test_util.hpp"
+
 using namespace greenmim;
 namespace ref = greenmim::reference;
 
 namespace {
-
-std::vector<double> randn_k(std::mt19937& g, size_t n) {
-  std::normal_distribution<double> d;
-  std::vector<double> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-std::vector<index_t> coords_ck(std::mt19937& g, index_t h, index_t w, double keep) {
-  std::bernoulli_distribution d(keep);
-  std::vector<index_t> c;
-  for (index_t i = 0; i < h; ++i)
-    for (index_t j = 0; j < w; ++j)
-      if (d(g)) c.push_back(pack_coord(i, j));
-  return c;
-}
 
 //! Per-sample token sets on an H x W grid, flat (cu offsets).
 struct samples_k {
@@ -113,13 +99,13 @@ TEST_CASE("depthwise 7 x 7 and 5 x 5 reference = dense depthwise conv over each 
     for (index_t k : {7, 5})
       for (bool residual : {true, false}) {
         samples_k s{static_cast<index_t>(4 + rep * 2), static_cast<index_t>(3 + rep * 3)};  // 4x3 .. 14x18
-        for (int b = 0; b < 3; ++b) s.add(coords_ck(g, s.H, s.W, b == 2 ? 0.0 : 0.3 + 0.4 * b));
+        for (int b = 0; b < 3; ++b) s.add(gm_sc_test::random_coords(g, s.H, s.W, b == 2 ? 0.0 : 0.3 + 0.4 * b));
         neighbor_table t;
         REQUIRE(build_neighbor_table_per_sample(s.H, s.W, k, span<const index_t>(s.cu), span<const index_t>(s.flat), t) ==
                 status::success);
         const index_t N = t.num_tokens, C = 3 + rep % 3, K = k * k;
-        const auto x = randn_k(g, static_cast<size_t>(N) * C), w = randn_k(g, static_cast<size_t>(C) * K);
-        const auto bias = rep % 2 ? randn_k(g, C) : std::vector<double>{};
+        const auto x = gm_sc_test::randn<double>(g, static_cast<size_t>(N) * C), w = gm_sc_test::randn<double>(g, static_cast<size_t>(C) * K);
+        const auto bias = rep % 2 ? gm_sc_test::randn<double>(g, C) : std::vector<double>{};
         std::vector<double> y(x.size(), -7.0);
         REQUIRE(ref::depthwise_conv_forward<double>(span<const index_t>(t.nbr), k, make_view(x.data(), 1, N, C),
                                                     make_view(w.data(), C, K), span<const double>(bias), residual,
@@ -134,14 +120,14 @@ TEST_CASE("depthwise 7 x 7 reference backward = finite differences (double), bat
   for (bool residual : {true, false})
     for (int layout = 0; layout < 2; ++layout) {  // 0: per-sample flat (B = 1); 1: a shared mask, B = 2
       samples_k s{9, 8};
-      s.add(coords_ck(g, 9, 8, 0.5));
-      if (layout == 0) s.add(coords_ck(g, 9, 8, 0.6));
+      s.add(gm_sc_test::random_coords(g, 9, 8, 0.5));
+      if (layout == 0) s.add(gm_sc_test::random_coords(g, 9, 8, 0.6));
       neighbor_table t;
       REQUIRE(build_neighbor_table_per_sample(9, 8, 7, span<const index_t>(s.cu), span<const index_t>(s.flat), t) ==
               status::success);
       const std::int64_t B = layout == 0 ? 1 : 2, N = t.num_tokens, C = 2, K = 49;
-      auto x = randn_k(g, static_cast<size_t>(B * N * C)), w = randn_k(g, static_cast<size_t>(C * K)), bias = randn_k(g, C);
-      const auto gy = randn_k(g, x.size());
+      auto x = gm_sc_test::randn<double>(g, static_cast<size_t>(B * N * C)), w = gm_sc_test::randn<double>(g, static_cast<size_t>(C * K)), bias = gm_sc_test::randn<double>(g, C);
+      const auto gy = gm_sc_test::randn<double>(g, x.size());
       std::vector<double> y(x.size());
       auto loss = [&] {
         check(ref::depthwise_conv_forward<double>(span<const index_t>(t.nbr), 7, make_view(x.data(), B, N, C),
@@ -165,12 +151,12 @@ TEST_CASE("depthwise 7 x 7 reference backward = finite differences (double), bat
 
 TEST_CASE("depthwise reference refuses a table that does not fit (another kernel, other tokens), even k; writes nothing") {
   std::mt19937 g(79);
-  const auto c = coords_ck(g, 8, 8, 0.5);
+  const auto c = gm_sc_test::random_coords(g, 8, 8, 0.5);
   neighbor_table t7, t5;
   REQUIRE(build_neighbor_table(8, 8, 7, span<const index_t>(c), t7) == status::success);
   REQUIRE(build_neighbor_table(8, 8, 5, span<const index_t>(c), t5) == status::success);
   const std::int64_t N = t7.num_tokens, C = 2;
-  const auto x = randn_k(g, static_cast<size_t>(N * C)), w = randn_k(g, static_cast<size_t>(C * 49));
+  const auto x = gm_sc_test::randn<double>(g, static_cast<size_t>(N * C)), w = gm_sc_test::randn<double>(g, static_cast<size_t>(C * 49));
   std::vector<double> y(x.size(), -7.0);
   auto fwd = [&](span<const index_t> table, index_t k, std::int64_t n) {
     return ref::depthwise_conv_forward<double>(table, k, make_view(x.data(), 1, n, C), make_view(w.data(), C, k * k),
@@ -180,7 +166,7 @@ TEST_CASE("depthwise reference refuses a table that does not fit (another kernel
   CHECK(fwd(span<const index_t>(t7.nbr), 7, N - 1) == status::shape_mismatch);  // another plan's token count
   CHECK(fwd(span<const index_t>(t7.nbr), 6, N) == status::invalid_argument);
   // a table of more tokens cut to N rows: entries past N are out of range
-  const auto c2 = coords_ck(g, 8, 8, 0.9);
+  const auto c2 = gm_sc_test::random_coords(g, 8, 8, 0.9);
   neighbor_table big;
   REQUIRE(build_neighbor_table(8, 8, 7, span<const index_t>(c2), big) == status::success);
   if (big.num_tokens > N) {
