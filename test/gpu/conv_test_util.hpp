@@ -285,3 +285,31 @@ inline std::vector<bytes> block_case(const char* name, const std::vector<index_t
 
 
 }  // namespace gm_conv_test
+
+#if defined(GREENMIM_CUDA_EMULATION)
+#include "cuda_emu.hpp"
+
+namespace gm_conv_test {
+
+//! The emulated kernels' outputs `run_all(inputs)` (bytes) under the forward schedule, and the same
+//! bit for bit under the reverse, a random (seeded from `rng`) and the greedy schedule: no race
+//! between barriers. Returns the forward schedule's outputs; leaves the schedule forward.
+template <class RunAll>
+std::vector<bytes> check_schedules_agree(const RunAll& run_all, std::uint64_t inputs, std::mt19937_64& rng) {
+  gm_emu::set_schedule(gm_emu::schedule::forward);
+  const std::vector<bytes> want = run_all(inputs);
+  const std::vector<std::pair<gm_emu::schedule, std::uint64_t>> others = {
+      {gm_emu::schedule::reverse, 0}, {gm_emu::schedule::random, rng()}, {gm_emu::schedule::greedy, 0}};
+  for (const auto& sch : others) {
+    INFO("schedule " << static_cast<int>(sch.first) << " seed " << sch.second);
+    gm_emu::set_schedule(sch.first, sch.second);
+    const std::vector<bytes> got = run_all(inputs);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want[i]);
+  }
+  gm_emu::set_schedule(gm_emu::schedule::forward);
+  return want;
+}
+
+}  // namespace gm_conv_test
+#endif

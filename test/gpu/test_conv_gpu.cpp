@@ -122,17 +122,7 @@ TEST_CASE("emulated conv kernels: bitwise identical under every thread schedule 
   };
   std::mt19937_64 rng(seed);
   const std::uint64_t inputs = rng();
-  gm_emu::set_schedule(gm_emu::schedule::forward);
-  const auto want = run_all(inputs);
-  const std::vector<std::pair<gm_emu::schedule, std::uint64_t>> others = {
-      {gm_emu::schedule::reverse, 0}, {gm_emu::schedule::random, rng()}, {gm_emu::schedule::greedy, 0}};
-  for (const auto& sch : others) {
-    INFO("schedule " << static_cast<int>(sch.first) << " seed " << sch.second);
-    gm_emu::set_schedule(sch.first, sch.second);
-    const auto got = run_all(inputs);
-    REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want[i]);
-  }
+  const auto want = check_schedules_agree(run_all, inputs, rng);
   // cp.async landing when issued (the other end of its window): a copy into a ring slot that other
   // warps still read changes what they read where one warp runs ahead (greedy)
   gm_emu::set_cp_async_timing(gm_emu::cp_async_timing::at_issue);

@@ -268,8 +268,6 @@ TEST_CASE("depthwise entry points take k = 1, 3, 5, 7 and refuse the others with
 }
 
 #if defined(GREENMIM_CUDA_EMULATION)
-#include "cuda_emu.hpp"
-
 TEST_CASE("emulated k x k kernels: bitwise identical under every thread schedule (no races between barriers)") {
   struct restore {
     ~restore() { gm_emu::set_schedule(gm_emu::schedule::forward); }
@@ -296,16 +294,6 @@ TEST_CASE("emulated k x k kernels: bitwise identical under every thread schedule
   };
   std::mt19937_64 rng(seed);
   const std::uint64_t inputs = rng();
-  gm_emu::set_schedule(gm_emu::schedule::forward);
-  const auto want = run_all(inputs);
-  const std::vector<std::pair<gm_emu::schedule, std::uint64_t>> others = {
-      {gm_emu::schedule::reverse, 0}, {gm_emu::schedule::random, rng()}, {gm_emu::schedule::greedy, 0}};
-  for (const auto& sch : others) {
-    INFO("schedule " << static_cast<int>(sch.first) << " seed " << sch.second);
-    gm_emu::set_schedule(sch.first, sch.second);
-    const auto got = run_all(inputs);
-    REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want[i]);
-  }
+  check_schedules_agree(run_all, inputs, rng);
 }
 #endif
